@@ -1,0 +1,71 @@
+# sluice: `make demo` and `make test` do all set-up on a fresh machine (Python 3.11, Java 17).
+SHELL := /bin/bash
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV := $(CURDIR)/.venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+JARS := var/jars/delta-spark_4.2_2.13-4.4.0.jar var/jars/delta-storage-4.4.0.jar
+
+# The embedded defaults: Airflow and the epoch store on SQLite under var/, Spark local[*].
+export AIRFLOW_HOME ?= $(CURDIR)/var/airflow
+export AIRFLOW__CORE__DAGS_FOLDER := $(CURDIR)/dags
+export AIRFLOW__CORE__PLUGINS_FOLDER := $(CURDIR)/plugins
+export AIRFLOW__CORE__LOAD_EXAMPLES := False
+export AIRFLOW_CONN_SPARK_DEFAULT ?= {"conn_type": "spark", "host": "local[*]"}
+export GX_ANALYTICS_ENABLED := false
+export PYSPARK_PYTHON := $(PY)
+export PATH := $(VENV)/bin:$(PATH)
+export PYTHONPATH := $(CURDIR)/plugins:$(CURDIR)
+
+.PHONY: help setup venv jars demo test lint airflow generate clean
+
+help:
+	@echo "make demo      set up, generate YSB data, run the ysb DAG through Airflow, print results"
+	@echo "make test      set up, then lint and run the whole test suite"
+	@echo "make airflow   start Airflow (standalone) on http://localhost:8080 with sluice's DAGs"
+	@echo "make generate  land more YSB data (RATE=, DURATION=, FILES_PER_SECOND=, SEED=, LATE=, OUT=)"
+
+setup: venv jars
+
+venv: $(STAMP)
+$(STAMP): requirements.txt
+	@echo "==> creating/updating .venv from requirements.txt (first time: ~2 min)"
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	@$(PY) -m pip install --quiet --upgrade pip
+	@$(PY) -m pip install --progress-bar on -r requirements.txt
+	@touch $(STAMP)
+
+jars: $(JARS)
+$(JARS): | $(STAMP)
+	@echo "==> fetching the Delta jars once into var/jars (Maven Central, via Spark's Ivy)"
+	@$(PY) -m sluice.spark
+
+demo: setup
+	@$(PY) include/demo.py
+
+test: setup lint
+	@echo "==> running the test suite"
+	@$(PY) -m pytest tests
+
+lint: venv
+	@$(VENV)/bin/ruff check .
+
+airflow: setup
+	@mkdir -p $(AIRFLOW_HOME)
+	@echo "==> starting Airflow standalone on http://localhost:8080 (Ctrl-C stops it)"
+	@echo "    login: admin / the password in $(AIRFLOW_HOME)/simple_auth_manager_passwords.json.generated"
+	@echo "    (printed below on the first start as 'Password for user admin')"
+	@$(VENV)/bin/airflow standalone
+
+RATE ?= 2000
+DURATION ?= 60
+FILES_PER_SECOND ?= 1
+SEED ?= 0
+LATE ?= 0
+OUT ?= var/landing/ysb
+generate: venv
+	@$(PY) -m include.generators.ysb --out $(OUT) --rate $(RATE) --duration $(DURATION) \
+		--files-per-second $(FILES_PER_SECOND) --seed $(SEED) --late-fraction $(LATE)
+
+clean:
+	rm -rf var/landing var/tables var/airflow var/sluice.db* var/demo

@@ -1,0 +1,73 @@
+"""``BacklogSensor``: the head of every pipeline DAG; hands the group's plan to the run."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import timedelta
+from typing import Any
+
+from airflow.sdk import BaseSensorOperator, PokeReturnValue
+from airflow.sdk.exceptions import AirflowException
+
+from sluice.airflow.triggers import BacklogTrigger, check_backlog
+from sluice.spec import get_spec
+
+
+def plan_from(pipeline: str, backlog: dict[str, Any], params: dict[str, Any]) -> dict[str, Any]:
+    """Epoch size and k for the group: the spec's, unless the run's params override them."""
+    control = get_spec(pipeline).control
+    return {
+        "epoch_size": params.get("epoch_size") or control.epoch_files,
+        "k": params.get("k") or control.group_epochs,
+        "reason": "backlog",
+        "backlog": backlog,
+    }
+
+
+class BacklogSensor(BaseSensorOperator):
+    """Waits until the pipeline's source has a backlog; returns ``{epoch_size, k, reason,
+    backlog}``.
+
+    Deferrable by default (no worker slot while waiting); with ``deferrable=False`` it pokes
+    in ``reschedule`` mode, for deployments without a triggerer.
+    """
+
+    template_fields: Sequence[str] = ("pipeline",)
+    ui_color = "#cde6f7"
+
+    def __init__(self, *, pipeline: str, deferrable: bool = True, min_files: int = 1, **kwargs: Any) -> None:
+        kwargs.setdefault("mode", "poke" if deferrable else "reschedule")
+        super().__init__(**kwargs)
+        self.pipeline = pipeline
+        self.deferrable = deferrable
+        self.min_files = min_files
+
+    def _store_url(self) -> str:
+        from sluice.store import store_url
+
+        return store_url()
+
+    def poke(self, context: Any) -> PokeReturnValue:
+        backlog = check_backlog(self.pipeline, self._store_url(), self.min_files)
+        if backlog is None:
+            return PokeReturnValue(False)
+        return PokeReturnValue(True, plan_from(self.pipeline, backlog, context["params"]))
+
+    def execute(self, context: Any) -> Any:
+        if not self.deferrable:
+            return super().execute(context)
+        # Fire at once if the backlog is already there: no round trip through the triggerer.
+        ready = self.poke(context)
+        if ready:
+            return ready.xcom_value
+        self.defer(trigger=BacklogTrigger(self.pipeline, self._store_url(), float(self.poke_interval),
+                                          self.min_files),
+                   method_name="execute_complete", timeout=timedelta(seconds=self.timeout))
+
+    def execute_complete(self, context: Any, event: dict[str, Any] | None = None) -> dict[str, Any]:
+        if not event or event.get("status") != "ready":
+            message = (event or {}).get("message", "no event")
+            raise AirflowException(f"pipeline {self.pipeline!r}: backlog trigger failed: {message}")
+        self.log.info("pipeline %s: backlog %s after %s polls (%.1f s)", self.pipeline, event["backlog"],
+                      event["polls"], event["waited_s"])
+        return plan_from(self.pipeline, event["backlog"], context["params"])

@@ -1,0 +1,27 @@
+"""Errors sluice raises on purpose: each names the pipeline and what to look at."""
+
+from __future__ import annotations
+
+
+class SluiceError(Exception):
+    """Base class of sluice's own errors."""
+
+
+class SpecError(SluiceError):
+    """A pipeline spec is invalid: the message names the file and the field."""
+
+
+class SourceError(SluiceError):
+    """The source cannot deliver a range: missing folder, unreadable or vanished file."""
+
+
+class PipelineBusyError(SluiceError):
+    """Another run holds the pipeline's lease: at most one group per pipeline is in flight."""
+
+
+class FencedError(SluiceError):
+    """This run's lease was taken over by a newer run; it must stop without committing."""
+
+
+class ProtocolError(SluiceError):
+    """The epoch log would break an invariant (contiguity, state order)."""

@@ -1,0 +1,105 @@
+"""Pure rules of sluice's exactly-once protocol (Structured Streaming §6.1), free of I/O.
+
+The epoch log (``sluice.store``) and the Spark runner apply these rules; keeping them here
+makes the invariants unit-testable in milliseconds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from sluice.errors import ProtocolError
+
+PLANNED = "planned"
+COMMITTED = "committed"
+PUBLISHED = "published"
+FAILED = "failed"
+QUARANTINED = "quarantined"
+ROLLED_BACK = "rolled_back"
+
+#: States an epoch may move to from each state. ``failed`` epochs are retried with the same
+#: range, so they can still commit; ``rolled_back`` is terminal for that generation.
+TRANSITIONS: dict[str, frozenset[str]] = {
+    PLANNED: frozenset({COMMITTED, FAILED, ROLLED_BACK}),
+    FAILED: frozenset({COMMITTED, FAILED, ROLLED_BACK}),
+    COMMITTED: frozenset({PUBLISHED, QUARANTINED, ROLLED_BACK}),
+    QUARANTINED: frozenset({PUBLISHED, ROLLED_BACK}),
+    PUBLISHED: frozenset({ROLLED_BACK}),
+    ROLLED_BACK: frozenset(),
+}
+
+#: Epochs in these states still need their data written (again, with the recorded range).
+UNFINISHED = frozenset({PLANNED, FAILED})
+#: Epochs a run planned but did not publish: the next run takes them over as its group, before
+#: planning anything new; committed ones are not rewritten, only published.
+UNPUBLISHED = UNFINISHED | {COMMITTED}
+
+
+@dataclass(frozen=True)
+class Range:
+    """A half-open source offset range ``[start, end)``."""
+
+    start: int
+    end: int
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.start < self.end:
+            raise ProtocolError(f"invalid epoch range [{self.start}, {self.end})")
+
+    @property
+    def size(self) -> int:
+        return self.end - self.start
+
+
+def check_transition(epoch_id: int, current: str, new: str) -> None:
+    if new not in TRANSITIONS.get(current, frozenset()):
+        raise ProtocolError(f"epoch {epoch_id}: cannot go from {current!r} to {new!r}")
+
+
+def plan_ranges(next_offset: int, available_end: int, epoch_size: int, k: int) -> list[Range]:
+    """Split the backlog ``[next_offset, available_end)`` into at most ``k`` epochs.
+
+    Every epoch holds ``epoch_size`` offsets except possibly the last, and the ranges are
+    contiguous: ``end(e) == start(e + 1)``. Nothing is planned beyond what is available, so
+    ``k`` never exceeds the backlog.
+    """
+    if epoch_size < 1 or k < 1:
+        raise ProtocolError(f"epoch size and k must be >= 1 (got {epoch_size}, {k})")
+    ranges: list[Range] = []
+    start = next_offset
+    while start < available_end and len(ranges) < k:
+        end = min(start + epoch_size, available_end)
+        ranges.append(Range(start, end))
+        start = end
+    return ranges
+
+
+def check_contiguous(ranges: Iterable[tuple[int, int, int]], first_offset: int = 0) -> None:
+    """Raise unless ``(epoch_id, start, end)`` triples are dense and contiguous from 0."""
+    expected_id, expected_start = 0, first_offset
+    for epoch_id, start, end in ranges:
+        if epoch_id != expected_id:
+            raise ProtocolError(f"epoch ids not dense: expected {expected_id}, found {epoch_id}")
+        if start != expected_start:
+            raise ProtocolError(
+                f"epoch {epoch_id} starts at {start}, but the previous epoch ended at {expected_start}"
+            )
+        Range(start, end)
+        expected_id, expected_start = epoch_id + 1, end
+
+
+def sink_app_id(pipeline: str, sink: str, generation: int) -> str:
+    """The Delta ``txnAppId`` of one sink: a rollback bumps the generation (delta-io/delta#1813)."""
+    return f"sluice:{pipeline}:{sink}:g{generation}"
+
+
+def already_written(recorded_txn_version: int | None, epoch_id: int) -> bool:
+    """Delta skips a write whose txnVersion is <= the recorded one; epochs commit in order."""
+    return recorded_txn_version is not None and recorded_txn_version >= epoch_id
+
+
+def epochs_to_reprocess(states: Sequence[tuple[int, str]]) -> list[int]:
+    """Epoch ids a new run must finish and publish before planning more (a dead run's
+    leftovers: unwritten, failed, or written but not yet published)."""
+    return [epoch_id for epoch_id, state in states if state in UNPUBLISHED]

@@ -1,0 +1,3 @@
+from sluice.sinks.delta import DeltaSink, SinkCommit
+
+__all__ = ["DeltaSink", "SinkCommit"]

@@ -1,0 +1,3 @@
+from sluice.sources.files import Backlog, FileSource
+
+__all__ = ["Backlog", "FileSource"]

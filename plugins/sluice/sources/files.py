@@ -1,0 +1,156 @@
+"""``FileSource``: a landing folder of JSON-lines, CSV or Parquet files as an offset source.
+
+Offsets are positions in a manifest of discovered files, persisted in the epoch store and
+ordered by modification time, then path. A position never changes once given, so an epoch's
+range ``[start, end)`` always names the same files. Files must be immutable once they land:
+writers should write to a hidden name (``.name`` or ``_name``) and rename, which Spark and sluice
+both ignore until then.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import os
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from sluice.errors import SourceError
+from sluice.spec import PipelineSpec
+from sluice.store import EpochLog, ManifestEntry
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+
+@dataclass(frozen=True)
+class Backlog:
+    """What waits at the source: unplanned files, their bytes and the age of the oldest."""
+
+    files: int
+    bytes: int
+    oldest_age_s: float | None
+    next_offset: int
+
+    def as_dict(self) -> dict[str, float | int | None]:
+        return {"files": self.files, "bytes": self.bytes, "oldest_age_s": self.oldest_age_s,
+                "next_offset": self.next_offset}
+
+
+class FileSource:
+    def __init__(self, spec: PipelineSpec, log: EpochLog) -> None:
+        self.spec = spec
+        self.log = log
+        self.folder = spec.landing_dir
+
+    # -- discovery ---------------------------------------------------------------------------
+
+    def list_folder(self) -> list[tuple[str, int, float]]:
+        """``(path, size, mtime)`` of landed files, ordered by mtime then path."""
+        if not self.folder.is_dir():
+            raise SourceError(
+                f"pipeline {self.spec.name!r}: landing folder {self.folder} does not exist "
+                f"(source.path in {self.spec.path})"
+            )
+        found = []
+        with os.scandir(self.folder) as entries:
+            for entry in entries:
+                if entry.name.startswith((".", "_")) or not entry.is_file():
+                    continue
+                if not fnmatch.fnmatch(entry.name, self.spec.source.pattern):
+                    continue
+                st = entry.stat()
+                found.append((os.path.abspath(entry.path), st.st_size, st.st_mtime))
+        found.sort(key=lambda f: (f[2], f[0]))
+        return found
+
+    def discover(self) -> int:
+        """Append newly landed files to the manifest; returns the manifest's end offset."""
+        return self.log.register_files(self.spec.name, self.list_folder())
+
+    def backlog(self) -> Backlog:
+        """Unplanned data: manifest entries past the next offset plus files not yet registered.
+
+        Read-only (it registers nothing), so the backlog trigger can poll it cheaply.
+        """
+        next_offset = self.log.next_offset(self.spec.name)
+        pending = self.log.manifest(self.spec.name, start=next_offset)
+        known = self.log.known_paths(self.spec.name)
+        new = [f for f in self.list_folder() if f[0] not in known]
+        sizes = [e.size for e in pending] + [f[1] for f in new]
+        mtimes = [e.mtime for e in pending] + [f[2] for f in new]
+        oldest = time.time() - min(mtimes) if mtimes else None
+        return Backlog(files=len(sizes), bytes=sum(sizes), oldest_age_s=oldest, next_offset=next_offset)
+
+    # -- ranges ------------------------------------------------------------------------------
+
+    def files(self, start: int, end: int) -> list[ManifestEntry]:
+        entries = self.log.manifest(self.spec.name, start, end)
+        if len(entries) != end - start:
+            raise SourceError(f"pipeline {self.spec.name!r}: manifest holds {len(entries)} files for "
+                              f"offsets [{start}, {end}); the store is incomplete")
+        return entries
+
+    def check_retained(self, start: int, end: int) -> list[ManifestEntry]:
+        """Raise ``SourceError`` naming the file unless every file of the range is still there,
+        readable and unchanged since it was discovered (a rerun must read the same records)."""
+        entries = self.files(start, end)
+        for entry in entries:
+            try:
+                st = os.stat(entry.path)
+                with open(entry.path, "rb") as fh:
+                    fh.read(1)
+            except FileNotFoundError:
+                raise SourceError(f"pipeline {self.spec.name!r}: file {entry.path} (offset "
+                                  f"{entry.position}) is no longer in the landing folder") from None
+            except OSError as exc:
+                raise SourceError(f"pipeline {self.spec.name!r}: cannot read file {entry.path} "
+                                  f"(offset {entry.position}): {exc.strerror or exc}") from None
+            if st.st_size != entry.size or st.st_mtime != entry.mtime:
+                raise SourceError(f"pipeline {self.spec.name!r}: file {entry.path} (offset {entry.position}) "
+                                  f"changed after it was discovered (size {entry.size} -> {st.st_size} "
+                                  "bytes, or its modification time); landed files must be immutable")
+        return entries
+
+    def read(self, spark: SparkSession, start: int, end: int) -> DataFrame:
+        """Read exactly the files of ``[start, end)``.
+
+        Columns: the spec's schema, ``_file``, ``_line`` (1-based line, or row index for
+        Parquet) and ``_corrupt_record`` (the raw text of a record that did not parse).
+        """
+        from pyspark.sql import functions as F
+
+        paths = [e.path for e in self.check_retained(start, end)]
+        schema = ", ".join(f"`{k}` {v}" for k, v in self.spec.source.schema_.items())
+        fmt = self.spec.source.format
+        if fmt == "parquet":
+            df = spark.read.schema(schema).parquet(*paths)
+            return df.select(
+                *[F.col(f"`{c}`") for c in self.spec.source.schema_],
+                F.col("_metadata.file_path").alias("_file"),
+                (F.col("_metadata.row_index") + 1).alias("_line"),
+                F.lit(None).cast("string").alias("_corrupt_record"),
+            )
+        # JSON lines and CSV: one row per file, split into numbered lines, so a bad record's
+        # file and line can be reported exactly.
+        lines = spark.read.text(paths, wholetext=True).select(
+            F.col("_metadata.file_path").alias("_file"),
+            F.posexplode(F.split(F.col("value"), "\r?\n")).alias("_pos", "_text"),
+        ).select("_file", (F.col("_pos") + 1).alias("_line"), "_text")
+        lines = lines.where(F.trim("_text") != "")
+        if fmt == "csv" and self.spec.source.csv_header:
+            lines = lines.where(F.col("_line") > 1)
+        options = {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": "_corrupt_record"}
+        parse = F.from_json if fmt == "json" else F.from_csv
+        parsed = lines.select(
+            "_file", "_line", "_text",
+            parse(F.col("_text"), f"{schema}, _corrupt_record string", options).alias("_r"),
+        )
+        return parsed.select(
+            *[F.col(f"_r.`{c}`").alias(c) for c in self.spec.source.schema_],
+            F.regexp_replace("_file", "^file:", "").alias("_file"),
+            "_line",
+            # from_json yields a NULL struct for text that is not a JSON object at all.
+            F.when(F.col("_r").isNull(), F.col("_text"))
+            .otherwise(F.col("_r._corrupt_record")).alias("_corrupt_record"),
+        )

@@ -1,0 +1,201 @@
+"""Pipeline specs: ``include/pipelines/<name>.yaml`` parsed and validated.
+
+A spec error names the file and the field (``ysb.yaml: control.epoch_files: ...``), so an
+operator can fix it without reading sluice's code.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from sluice.errors import SpecError
+from sluice.paths import data_dir, pipelines_dir, project_root
+
+NAME = r"^[a-z][a-z0-9_]{0,62}$"
+SPARK_TYPES = {"string", "long", "int", "integer", "double", "float", "boolean", "timestamp", "date", "binary"}
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class SourceSpec(_Strict):
+    type: Literal["files"] = "files"
+    path: str = Field(description="landing folder")
+    format: Literal["json", "csv", "parquet"] = "json"
+    pattern: str = Field("*", description="glob of file names to pick up in the folder")
+    schema_: dict[str, str] = Field(alias="schema", description="field -> Spark SQL type")
+    required: list[str] = Field(default_factory=list, description="fields that must not be null")
+    checks: dict[str, str] = Field(default_factory=dict,
+                                   description="rule name -> SQL boolean expression a valid record satisfies")
+    csv_header: bool = True
+
+    @field_validator("schema_")
+    @classmethod
+    def _types(cls, value: dict[str, str]) -> dict[str, str]:
+        if not value:
+            raise ValueError("must name at least one field")
+        for name, typ in value.items():
+            if typ.lower() not in SPARK_TYPES:
+                raise ValueError(f"field {name!r} has unknown type {typ!r} (one of {sorted(SPARK_TYPES)})")
+        return value
+
+    @model_validator(mode="after")
+    def _required_known(self) -> SourceSpec:
+        unknown = [f for f in self.required if f not in self.schema_]
+        if unknown:
+            raise ValueError(f"required fields {unknown} are not in the schema")
+        return self
+
+
+class SinkSpec(_Strict):
+    name: str = Field(pattern=NAME)
+    mode: Literal["append", "aggregate"]
+    path: str
+    keys: list[str] = Field(default_factory=list, description="aggregate: merge keys")
+    sums: list[str] = Field(default_factory=list, description="aggregate: columns added on merge")
+
+    @model_validator(mode="after")
+    def _aggregate_fields(self) -> SinkSpec:
+        if self.mode == "aggregate" and (not self.keys or not self.sums):
+            raise ValueError("an aggregate sink needs `keys` and `sums`")
+        if self.mode == "append" and (self.keys or self.sums):
+            raise ValueError("an append sink takes neither `keys` nor `sums`")
+        return self
+
+
+class ControlSpec(_Strict):
+    epoch_files: int = Field(4, ge=1, le=100_000, description="epoch size, in source files")
+    group_epochs: int = Field(3, ge=1, le=1000, description="k: epochs per group (one Spark application)")
+    freshness_sla_s: float = Field(300, gt=0)
+    poll_interval_s: float = Field(5, gt=0)
+    sensor_timeout_s: float = Field(6 * 3600, gt=0)
+    lease_ttl_s: float = Field(600, gt=0)
+
+
+class SparkSpec(_Strict):
+    mode: Literal["submit", "in_process"] = "submit"
+    conn_id: str = "spark_default"
+    conf: dict[str, str] = Field(default_factory=dict)
+
+
+class PipelineSpec(_Strict):
+    name: str = Field(pattern=NAME)
+    description: str = ""
+    schedule: str | None = "@continuous"
+    start_date: str = "2026-01-01"
+    source: SourceSpec
+    transform: str = Field(pattern=r"^[a-z_][a-z0-9_]*\.[a-z_][a-z0-9_]*$",
+                           description="module.function in jobs/transforms")
+    reference: dict[str, str] = Field(default_factory=dict, description="name -> CSV file")
+    sinks: list[SinkSpec] = Field(min_length=1)
+    rejected_path: str | None = None
+    control: ControlSpec = ControlSpec()
+    spark: SparkSpec = SparkSpec()
+    tags: list[str] = Field(default_factory=list)
+    path: str = Field("", description="the YAML file this spec came from (set by the loader)")
+
+    @model_validator(mode="after")
+    def _unique_sinks(self) -> PipelineSpec:
+        names = [s.name for s in self.sinks]
+        if len(set(names)) != len(names):
+            raise ValueError(f"sink names must be unique (got {names})")
+        if "_rejected" in names:
+            raise ValueError("sink name `_rejected` is reserved for the rejected-records table")
+        return self
+
+    @property
+    def landing_dir(self) -> Path:
+        return Path(self.source.path)
+
+    @property
+    def rejected_table(self) -> str:
+        return self.rejected_path or str(Path(self.sinks[0].path).parent / "_rejected")
+
+    def sink(self, name: str) -> SinkSpec:
+        for s in self.sinks:
+            if s.name == name:
+                return s
+        raise KeyError(f"pipeline {self.name!r} has no sink {name!r}")
+
+
+_VAR = re.compile(r"\$\{([A-Z_][A-Z0-9_]*)(?::-([^}]*))?\}")
+
+
+def _expand(value: Any) -> Any:
+    """Expand ``${VAR}`` / ``${VAR:-default}``; ``SLUICE_DATA_DIR`` and ``SLUICE_HOME`` always
+    resolve (to ``var/`` and the project root) so specs need no environment to load."""
+    if isinstance(value, str):
+        defaults = {"SLUICE_DATA_DIR": str(data_dir()), "SLUICE_HOME": str(project_root())}
+
+        def sub(m: re.Match[str]) -> str:
+            name, default = m.group(1), m.group(2)
+            found = os.environ.get(name) or default or defaults.get(name)
+            if found is None:
+                raise SpecError(f"environment variable {name} is not set and has no default")
+            return found
+
+        return _VAR.sub(sub, value)
+    if isinstance(value, dict):
+        return {k: _expand(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_expand(v) for v in value]
+    return value
+
+
+def _relative_to_project(path: str) -> str:
+    p = Path(path)
+    return str(p if p.is_absolute() else project_root() / p)
+
+
+def load_spec(path: str | Path) -> PipelineSpec:
+    """Parse and validate one spec file; raise ``SpecError`` naming the file and the field."""
+    path = Path(path)
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except FileNotFoundError:
+        raise SpecError(f"{path}: pipeline spec not found") from None
+    except yaml.YAMLError as exc:
+        raise SpecError(f"{path}: not valid YAML: {exc}") from None
+    if not isinstance(raw, dict):
+        raise SpecError(f"{path}: a pipeline spec must be a mapping, got {type(raw).__name__}")
+    try:
+        raw = _expand(raw)
+    except SpecError as exc:
+        raise SpecError(f"{path}: {exc}") from None
+    raw.setdefault("name", path.stem)
+    raw["path"] = str(path)
+    try:
+        spec = PipelineSpec.model_validate(raw)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in err['loc']) or '<top>'}: {err['msg']}" for err in exc.errors()
+        )
+        raise SpecError(f"{path}: invalid pipeline spec: {problems}") from None
+    if spec.name != path.stem:
+        raise SpecError(f"{path}: name: {spec.name!r} must match the file name {path.stem!r}")
+    fixed_source = spec.source.model_copy(update={"path": _relative_to_project(spec.source.path)})
+    fixed_sinks = [s.model_copy(update={"path": _relative_to_project(s.path)}) for s in spec.sinks]
+    fixed_refs = {k: _relative_to_project(v) for k, v in spec.reference.items()}
+    fixed_rejected = _relative_to_project(spec.rejected_path) if spec.rejected_path else None
+    return spec.model_copy(update={"source": fixed_source, "sinks": fixed_sinks, "reference": fixed_refs,
+                                   "rejected_path": fixed_rejected})
+
+
+def load_specs(folder: str | Path | None = None) -> dict[str, PipelineSpec]:
+    folder = Path(folder) if folder else pipelines_dir()
+    return {p.stem: load_spec(p) for p in sorted(folder.glob("*.yaml"))}
+
+
+def get_spec(name: str) -> PipelineSpec:
+    path = pipelines_dir() / f"{name}.yaml"
+    if not path.exists():
+        known = sorted(p.stem for p in pipelines_dir().glob("*.yaml"))
+        raise SpecError(f"no pipeline {name!r}: {path} does not exist (known: {known})")
+    return load_spec(path)

@@ -1,0 +1,497 @@
+"""``EpochLog``: the write-ahead log of epochs, groups, source manifests and leases.
+
+Epoch ranges are written here *before* any data is read and never change afterwards, so a
+rerun reads exactly the same records. A lease with a fencing token keeps at most one group per
+pipeline in flight: every state change a run makes carries its token and fails once a newer
+run has taken the lease over.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import Engine, create_engine, event, func, select
+from sqlalchemy.orm import Session, sessionmaker
+
+from sluice import protocol
+from sluice.errors import FencedError, PipelineBusyError, ProtocolError
+from sluice.store.models import Base, EpochRow, GroupRow, PipelineRow, SourceFileRow
+
+DEFAULT_LEASE_TTL_S = 600.0
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC).replace(tzinfo=None)
+
+
+def store_url() -> str:
+    """Where the epoch store lives.
+
+    ``$SLUICE_STORE_URL`` wins; else the Airflow connection ``sluice_store`` (its extra
+    ``url`` or its URI) when one is defined; else SQLite under ``$AIRFLOW_HOME`` (or ``var/``).
+    """
+    url = os.environ.get("SLUICE_STORE_URL")
+    if url:
+        return url
+    if os.environ.get("AIRFLOW_CONN_SLUICE_STORE") or "airflow.sdk" in _loaded_modules():
+        url = _airflow_connection_url()
+        if url:
+            return url
+    home = os.environ.get("AIRFLOW_HOME")
+    if home:
+        return f"sqlite:///{Path(home) / 'sluice.db'}"
+    from sluice.paths import data_dir
+
+    return f"sqlite:///{data_dir() / 'sluice.db'}"
+
+
+def _loaded_modules() -> set[str]:
+    import sys
+
+    return set(sys.modules)
+
+
+def _airflow_connection_url() -> str | None:
+    try:
+        from airflow.sdk import BaseHook
+
+        conn = BaseHook.get_connection("sluice_store")
+    except Exception:  # no such connection, or not inside Airflow: fall back to the default
+        return None
+    url = conn.extra_dejson.get("url")
+    if url:
+        return url
+    uri = conn.get_uri()
+    return uri.replace("postgres://", "postgresql+psycopg2://", 1)
+
+
+def _dead_local_process(owner: str | None) -> bool:
+    """A command-line owner ``cli:<host>:<pid>`` on this host whose process has exited."""
+    import socket
+
+    kind, _, rest = (owner or "").partition(":")
+    host, _, pid = rest.rpartition(":")
+    if kind != "cli" or host != socket.gethostname() or not pid.isdigit():
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return False
+
+
+@dataclass(frozen=True)
+class Lease:
+    pipeline: str
+    owner: str
+    fence: int
+
+
+@dataclass(frozen=True)
+class ManifestEntry:
+    position: int
+    path: str
+    size: int
+    mtime: float
+
+
+@dataclass(frozen=True)
+class Epoch:
+    pipeline: str
+    epoch_id: int
+    generation: int
+    group_id: int
+    start: int
+    end: int
+    state: str
+    attempts: int = 0
+    delta_versions: dict[str, int | None] = field(default_factory=dict)
+    rows: dict[str, int] = field(default_factory=dict)
+    timings: dict[str, float] = field(default_factory=dict)
+    error: str | None = None
+    planned_at: datetime | None = None
+    committed_at: datetime | None = None
+    published_at: datetime | None = None
+
+    @classmethod
+    def of(cls, row: EpochRow) -> Epoch:
+        return cls(
+            pipeline=row.pipeline, epoch_id=row.epoch_id, generation=row.generation,
+            group_id=row.group_id, start=row.start_offset, end=row.end_offset, state=row.state,
+            attempts=row.attempts, delta_versions=dict(row.delta_versions or {}),
+            rows=dict(row.rows or {}), timings=dict(row.timings or {}), error=row.error,
+            planned_at=row.planned_at, committed_at=row.committed_at, published_at=row.published_at,
+        )
+
+    def as_record(self) -> dict[str, Any]:
+        """JSON-able form, for XCom, logs and the ``_sluice/epochs`` records."""
+        record = {k: v for k, v in self.__dict__.items()}
+        for key in ("planned_at", "committed_at", "published_at"):
+            value = record[key]
+            record[key] = value.isoformat() + "Z" if value else None
+        return record
+
+
+@dataclass(frozen=True)
+class Group:
+    pipeline: str
+    group_id: int
+    owner: str
+    fence: int
+    state: str
+    epochs: tuple[Epoch, ...]
+    plan: dict[str, Any]
+    reprocessing: bool = False
+
+    @property
+    def epoch_ids(self) -> list[int]:
+        return [e.epoch_id for e in self.epochs]
+
+    def as_record(self) -> dict[str, Any]:
+        return {
+            "pipeline": self.pipeline, "group_id": self.group_id, "owner": self.owner,
+            "fence": self.fence, "state": self.state, "plan": self.plan,
+            "reprocessing": self.reprocessing, "epochs": [e.as_record() for e in self.epochs],
+        }
+
+
+def _configure_sqlite(engine: Engine) -> None:
+    """WAL mode, a generous busy timeout, and BEGIN IMMEDIATE for every transaction.
+
+    pysqlite's default deferred BEGIN lets two writers both read, then deadlock on upgrade;
+    taking the write lock at BEGIN serialises planners instead, which the lease relies on.
+    """
+
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_conn, _record) -> None:
+        dbapi_conn.isolation_level = None
+        cursor = dbapi_conn.cursor()
+        cursor.execute("PRAGMA journal_mode=WAL")
+        cursor.execute("PRAGMA busy_timeout=60000")
+        cursor.execute("PRAGMA synchronous=NORMAL")
+        cursor.close()
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(conn) -> None:
+        conn.exec_driver_sql("BEGIN IMMEDIATE")
+
+
+class EpochLog:
+    """The epoch store of all pipelines, in one SQL database (SQLite or Postgres)."""
+
+    def __init__(self, url: str | None = None) -> None:
+        self.url = url or store_url()
+        if self.url.startswith("sqlite:///"):
+            Path(self.url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+        self.engine = create_engine(self.url, future=True)
+        if self.engine.dialect.name == "sqlite":
+            _configure_sqlite(self.engine)
+        Base.metadata.create_all(self.engine)
+        self._sessions = sessionmaker(self.engine, expire_on_commit=False)
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+    @contextmanager
+    def _tx(self) -> Iterator[Session]:
+        with self._sessions.begin() as session:
+            yield session
+
+    # -- pipelines and leases -------------------------------------------------------------
+
+    def _pipeline(self, session: Session, name: str, *, lock: bool = False) -> PipelineRow:
+        stmt = select(PipelineRow).where(PipelineRow.name == name)
+        if lock:
+            stmt = stmt.with_for_update()
+        row = session.scalars(stmt).first()
+        if row is None:
+            row = PipelineRow(name=name, generation=0, fence=0, created_at=utcnow())
+            session.add(row)
+            session.flush()
+        return row
+
+    def generation(self, pipeline: str) -> int:
+        with self._tx() as s:
+            return self._pipeline(s, pipeline).generation
+
+    def acquire_lease(self, pipeline: str, owner: str, *, ttl_s: float = DEFAULT_LEASE_TTL_S,
+                      take_over_prefix: str | None = None) -> Lease:
+        """Take the pipeline's lease, or fail fast with ``PipelineBusyError``.
+
+        The same owner re-acquires its own lease (a retried task). A lease held by another
+        owner is taken only once it has expired, when it belongs to a command-line run on this
+        host whose process is gone, or when its owner starts with
+        ``take_over_prefix``: Airflow runs one DAG run of a pipeline at a time
+        (``max_active_runs=1``), so another run of the same DAG holding the lease has ended.
+        Every acquisition bumps the fencing token.
+        """
+        now = utcnow()
+        with self._tx() as s:
+            row = self._pipeline(s, pipeline, lock=True)
+            held = row.lease_owner is not None and row.lease_owner != owner
+            live = row.lease_expires_at is not None and row.lease_expires_at > now
+            stale_same_dag = take_over_prefix is not None and (row.lease_owner or "").startswith(take_over_prefix)
+            if held and live and not stale_same_dag and not _dead_local_process(row.lease_owner):
+                raise PipelineBusyError(
+                    f"pipeline {pipeline!r} is busy: its lease is held by {row.lease_owner!r} "
+                    f"since {row.lease_acquired_at:%Y-%m-%d %H:%M:%S} UTC until "
+                    f"{row.lease_expires_at:%H:%M:%S} UTC; at most one group per pipeline may be "
+                    "in flight. Wait for that run, or release the lease once it is known dead."
+                )
+            if row.lease_owner != owner:
+                row.lease_acquired_at = now
+            row.lease_owner = owner
+            row.lease_expires_at = now + timedelta(seconds=ttl_s)
+            row.fence += 1
+            return Lease(pipeline, owner, row.fence)
+
+    def _check_fence(self, session: Session, lease: Lease) -> PipelineRow:
+        row = self._pipeline(session, lease.pipeline, lock=True)
+        if row.fence != lease.fence or row.lease_owner != lease.owner:
+            raise FencedError(
+                f"pipeline {lease.pipeline!r}: lease of {lease.owner!r} (token {lease.fence}) was "
+                f"taken over by {row.lease_owner!r} (token {row.fence}); this run must stop"
+            )
+        return row
+
+    def renew_lease(self, lease: Lease, ttl_s: float = DEFAULT_LEASE_TTL_S) -> None:
+        with self._tx() as s:
+            row = self._check_fence(s, lease)
+            row.lease_expires_at = utcnow() + timedelta(seconds=ttl_s)
+
+    def check_lease(self, lease: Lease) -> None:
+        with self._tx() as s:
+            self._check_fence(s, lease)
+
+    def release_lease(self, lease: Lease) -> bool:
+        """Give the lease up if this run still holds it; returns whether it did."""
+        with self._tx() as s:
+            row = self._pipeline(s, lease.pipeline, lock=True)
+            if row.fence != lease.fence or row.lease_owner != lease.owner:
+                return False
+            row.lease_owner = row.lease_expires_at = row.lease_acquired_at = None
+            return True
+
+    def lease_holder(self, pipeline: str) -> str | None:
+        with self._tx() as s:
+            row = self._pipeline(s, pipeline)
+            return row.lease_owner if row.lease_expires_at and row.lease_expires_at > utcnow() else None
+
+    def current_lease(self, pipeline: str, owner: str) -> Lease:
+        """The lease ``owner`` holds now (for a task that continues a run's group)."""
+        with self._tx() as s:
+            row = self._pipeline(s, pipeline)
+            if row.lease_owner != owner:
+                raise FencedError(f"pipeline {pipeline!r}: {owner!r} does not hold the lease "
+                                  f"(holder: {row.lease_owner!r})")
+            return Lease(pipeline, owner, row.fence)
+
+    # -- source manifest ---------------------------------------------------------------------
+
+    def manifest_end(self, pipeline: str) -> int:
+        with self._tx() as s:
+            return self._manifest_end(s, pipeline)
+
+    @staticmethod
+    def _manifest_end(session: Session, pipeline: str) -> int:
+        last = session.scalar(select(func.max(SourceFileRow.position)).where(SourceFileRow.pipeline == pipeline))
+        return 0 if last is None else last + 1
+
+    def known_paths(self, pipeline: str) -> set[str]:
+        with self._tx() as s:
+            return set(s.scalars(select(SourceFileRow.path).where(SourceFileRow.pipeline == pipeline)))
+
+    def register_files(self, pipeline: str, files: Sequence[tuple[str, int, float]]) -> int:
+        """Append newly discovered ``(path, size, mtime)`` files, in the given order, to the
+        manifest; paths already registered keep their position. Returns the manifest's end."""
+        now = utcnow()
+        with self._tx() as s:
+            known = set(s.scalars(select(SourceFileRow.path).where(SourceFileRow.pipeline == pipeline)))
+            position = self._manifest_end(s, pipeline)
+            for path, size, mtime in files:
+                if path in known:
+                    continue
+                s.add(SourceFileRow(pipeline=pipeline, position=position, path=path, size=size,
+                                    mtime=mtime, discovered_at=now))
+                known.add(path)
+                position += 1
+            return position
+
+    def manifest(self, pipeline: str, start: int = 0, end: int | None = None) -> list[ManifestEntry]:
+        with self._tx() as s:
+            stmt = select(SourceFileRow).where(SourceFileRow.pipeline == pipeline,
+                                               SourceFileRow.position >= start)
+            if end is not None:
+                stmt = stmt.where(SourceFileRow.position < end)
+            rows = s.scalars(stmt.order_by(SourceFileRow.position))
+            return [ManifestEntry(r.position, r.path, r.size, r.mtime) for r in rows]
+
+    # -- epochs and groups -------------------------------------------------------------------
+
+    def epochs(self, pipeline: str, generation: int | None = None) -> list[Epoch]:
+        """Epochs of one generation (default: the current one), in epoch order."""
+        with self._tx() as s:
+            gen = self._pipeline(s, pipeline).generation if generation is None else generation
+            rows = s.scalars(select(EpochRow).where(EpochRow.pipeline == pipeline, EpochRow.generation == gen)
+                             .order_by(EpochRow.epoch_id))
+            return [Epoch.of(r) for r in rows]
+
+    def next_offset(self, pipeline: str) -> int:
+        """The first source offset no live epoch covers."""
+        with self._tx() as s:
+            return self._next_offset(s, pipeline, self._pipeline(s, pipeline).generation)
+
+    @staticmethod
+    def _next_offset(session: Session, pipeline: str, generation: int) -> int:
+        end = session.scalar(select(func.max(EpochRow.end_offset)).where(
+            EpochRow.pipeline == pipeline, EpochRow.generation == generation,
+            EpochRow.state != protocol.ROLLED_BACK))
+        return end or 0
+
+    def group(self, pipeline: str, group_id: int) -> Group:
+        with self._tx() as s:
+            return self._group(s, pipeline, group_id)
+
+    @staticmethod
+    def _group(session: Session, pipeline: str, group_id: int, reprocessing: bool = False) -> Group:
+        g = session.get(GroupRow, (pipeline, group_id))
+        if g is None:
+            raise ProtocolError(f"pipeline {pipeline!r} has no group {group_id}")
+        rows = session.scalars(select(EpochRow).where(EpochRow.pipeline == pipeline, EpochRow.group_id == group_id)
+                               .order_by(EpochRow.epoch_id, EpochRow.generation))
+        latest: dict[int, EpochRow] = {}
+        for r in rows:  # the newest generation of each epoch in the group
+            latest[r.epoch_id] = r
+        return Group(pipeline, group_id, g.owner, g.fence, g.state,
+                     tuple(Epoch.of(r) for r in latest.values()), dict(g.plan or {}), reprocessing)
+
+    def groups(self, pipeline: str) -> list[Group]:
+        with self._tx() as s:
+            ids = s.scalars(select(GroupRow.group_id).where(GroupRow.pipeline == pipeline).order_by(GroupRow.group_id))
+            return [self._group(s, pipeline, i) for i in list(ids)]
+
+    def plan_group(self, lease: Lease, *, epoch_size: int, k: int,
+                   plan: dict[str, Any] | None = None) -> Group | None:
+        """Reconcile, then plan (write-ahead) the next group of this pipeline.
+
+        Epochs a dead run left ``planned`` or ``failed`` form the group first, with their
+        recorded ranges. Otherwise up to ``k`` new epochs of ``epoch_size`` offsets are appended
+        from the next unplanned offset to the end of the manifest, in one transaction. Returns
+        ``None`` when there is nothing to do.
+        """
+        now = utcnow()
+        with self._tx() as s:
+            pipe = self._check_fence(s, lease)
+            gen = pipe.generation
+            rows = list(s.scalars(select(EpochRow).where(EpochRow.pipeline == lease.pipeline,
+                                                         EpochRow.generation == gen).order_by(EpochRow.epoch_id)))
+            leftover_ids = protocol.epochs_to_reprocess([(r.epoch_id, r.state) for r in rows])
+            last_group = s.scalar(select(func.max(GroupRow.group_id)).where(GroupRow.pipeline == lease.pipeline))
+            group_id = 0 if last_group is None else last_group + 1
+            record = dict(plan or {}, epoch_size=epoch_size, k=k)
+            if leftover_ids:
+                # Re-run the dead run's epochs with their recorded ranges, as a new group.
+                for r in rows:
+                    if r.epoch_id in leftover_ids:
+                        dead = s.get(GroupRow, (lease.pipeline, r.group_id))
+                        if dead is not None and dead.state == protocol.PLANNED:
+                            dead.state, dead.finished_at = protocol.FAILED, now
+                        r.group_id = group_id
+                record["reason"] = f"reprocess epochs {leftover_ids} left unfinished by a previous run"
+                first, last = leftover_ids[0], leftover_ids[-1]
+                s.add(GroupRow(pipeline=lease.pipeline, group_id=group_id, owner=lease.owner, fence=lease.fence,
+                               first_epoch=first, last_epoch=last, state=protocol.PLANNED, plan=record,
+                               planned_at=now))
+                s.flush()
+                return self._group(s, lease.pipeline, group_id, reprocessing=True)
+            start = self._next_offset(s, lease.pipeline, gen)
+            ranges = protocol.plan_ranges(start, self._manifest_end(s, lease.pipeline), epoch_size, k)
+            if not ranges:
+                return None
+            next_id = (max((r.epoch_id for r in rows), default=-1)) + 1
+            for i, rng in enumerate(ranges):
+                s.add(EpochRow(pipeline=lease.pipeline, epoch_id=next_id + i, generation=gen, group_id=group_id,
+                               start_offset=rng.start, end_offset=rng.end, state=protocol.PLANNED,
+                               attempts=0, delta_versions={}, rows={}, timings={}, planned_at=now))
+            s.add(GroupRow(pipeline=lease.pipeline, group_id=group_id, owner=lease.owner, fence=lease.fence,
+                           first_epoch=next_id, last_epoch=next_id + len(ranges) - 1, state=protocol.PLANNED,
+                           plan=record, planned_at=now))
+            s.flush()
+            return self._group(s, lease.pipeline, group_id)
+
+    def _epoch_row(self, session: Session, lease: Lease, epoch_id: int, generation: int) -> EpochRow:
+        self._check_fence(session, lease)
+        row = session.get(EpochRow, (lease.pipeline, epoch_id, generation))
+        if row is None:
+            raise ProtocolError(f"pipeline {lease.pipeline!r} has no epoch {epoch_id} in generation {generation}")
+        return row
+
+    def start_attempt(self, lease: Lease, epoch: Epoch) -> None:
+        with self._tx() as s:
+            row = self._epoch_row(s, lease, epoch.epoch_id, epoch.generation)
+            row.attempts += 1
+
+    def mark_committed(self, lease: Lease, epoch: Epoch, *, delta_versions: dict[str, int | None],
+                       rows: dict[str, int], timings: dict[str, float]) -> None:
+        """Record that every sink holds the epoch (step 4 of the protocol)."""
+        with self._tx() as s:
+            row = self._epoch_row(s, lease, epoch.epoch_id, epoch.generation)
+            if row.state in (protocol.COMMITTED, protocol.PUBLISHED):
+                return  # a rerun of a committed epoch changes nothing
+            protocol.check_transition(row.epoch_id, row.state, protocol.COMMITTED)
+            row.state, row.error = protocol.COMMITTED, None
+            row.delta_versions, row.rows, row.timings = delta_versions, rows, timings
+            row.committed_at = utcnow()
+
+    def mark_failed(self, lease: Lease, epoch: Epoch, error: str) -> None:
+        with self._tx() as s:
+            row = self._epoch_row(s, lease, epoch.epoch_id, epoch.generation)
+            if row.state in (protocol.PLANNED, protocol.FAILED):
+                row.state, row.error = protocol.FAILED, error[:4000]
+
+    def finish_group(self, lease: Lease, group_id: int, state: str) -> Group:
+        """Close a group: ``published`` moves its committed epochs to published."""
+        now = utcnow()
+        with self._tx() as s:
+            self._check_fence(s, lease)
+            g = s.get(GroupRow, (lease.pipeline, group_id))
+            if g is None:
+                raise ProtocolError(f"pipeline {lease.pipeline!r} has no group {group_id}")
+            group = self._group(s, lease.pipeline, group_id)
+            if state == protocol.PUBLISHED:
+                pending = [e.epoch_id for e in group.epochs if e.state not in (protocol.COMMITTED, protocol.PUBLISHED)]
+                if pending:
+                    raise ProtocolError(f"pipeline {lease.pipeline!r} group {group_id}: epochs {pending} "
+                                        "are not committed; cannot publish")
+                for e in group.epochs:
+                    row = s.get(EpochRow, (lease.pipeline, e.epoch_id, e.generation))
+                    if row.state == protocol.COMMITTED:
+                        row.state, row.published_at = protocol.PUBLISHED, now
+            g.state, g.finished_at = state, now
+            s.flush()
+            return self._group(s, lease.pipeline, group_id)
+
+    def summary(self, pipeline: str) -> dict[str, Any]:
+        """Counts by state, contiguity and totals of the current generation, for reports."""
+        epochs = self.epochs(pipeline)
+        by_state: dict[str, int] = {}
+        for e in epochs:
+            by_state[e.state] = by_state.get(e.state, 0) + 1
+        protocol.check_contiguous((e.epoch_id, e.start, e.end) for e in epochs)
+        return {
+            "pipeline": pipeline,
+            "generation": self.generation(pipeline),
+            "epochs": len(epochs),
+            "groups": len({e.group_id for e in epochs}),
+            "by_state": by_state,
+            "offsets": [epochs[0].start, epochs[-1].end] if epochs else [0, 0],
+            "rows": {key: sum(e.rows.get(key, 0) for e in epochs) for key in ("input", "output", "rejected")},
+        }

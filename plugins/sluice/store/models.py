@@ -1,0 +1,74 @@
+"""SQLAlchemy tables of the epoch store (sluice's own database, never Airflow's)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from sqlalchemy import JSON, BigInteger, DateTime, Integer, String, Text, UniqueConstraint
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class PipelineRow(Base):
+    """One row per pipeline: its generation and its lease (the fencing token)."""
+
+    __tablename__ = "sluice_pipelines"
+    name: Mapped[str] = mapped_column(String(200), primary_key=True)
+    generation: Mapped[int] = mapped_column(Integer, default=0)
+    # Fencing token: bumped on every lease acquisition; commits carry it and fail if stale.
+    fence: Mapped[int] = mapped_column(BigInteger, default=0)
+    lease_owner: Mapped[str | None] = mapped_column(String(500), nullable=True)
+    lease_acquired_at: Mapped[datetime | None] = mapped_column(DateTime, nullable=True)
+    lease_expires_at: Mapped[datetime | None] = mapped_column(DateTime, nullable=True)
+    created_at: Mapped[datetime] = mapped_column(DateTime)
+
+
+class SourceFileRow(Base):
+    """The persisted manifest of a file source: offset ``position`` is the file's index."""
+
+    __tablename__ = "sluice_source_files"
+    __table_args__ = (UniqueConstraint("pipeline", "path", name="uq_source_file_path"),)
+    pipeline: Mapped[str] = mapped_column(String(200), primary_key=True)
+    position: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+    path: Mapped[str] = mapped_column(String(2000))
+    size: Mapped[int] = mapped_column(BigInteger)
+    mtime: Mapped[float] = mapped_column()
+    discovered_at: Mapped[datetime] = mapped_column(DateTime)
+
+
+class GroupRow(Base):
+    __tablename__ = "sluice_groups"
+    pipeline: Mapped[str] = mapped_column(String(200), primary_key=True)
+    group_id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    owner: Mapped[str] = mapped_column(String(500))
+    fence: Mapped[int] = mapped_column(BigInteger)
+    first_epoch: Mapped[int] = mapped_column(Integer)
+    last_epoch: Mapped[int] = mapped_column(Integer)
+    state: Mapped[str] = mapped_column(String(20))  # planned | committed | published | failed
+    plan: Mapped[dict] = mapped_column(JSON, default=dict)  # epoch size, k, reason, ...
+    planned_at: Mapped[datetime] = mapped_column(DateTime)
+    finished_at: Mapped[datetime | None] = mapped_column(DateTime, nullable=True)
+
+
+class EpochRow(Base):
+    """One epoch of one generation. Epoch ids are dense per pipeline."""
+
+    __tablename__ = "sluice_epochs"
+    pipeline: Mapped[str] = mapped_column(String(200), primary_key=True)
+    epoch_id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    generation: Mapped[int] = mapped_column(Integer, primary_key=True)
+    group_id: Mapped[int] = mapped_column(Integer)
+    start_offset: Mapped[int] = mapped_column(BigInteger)
+    end_offset: Mapped[int] = mapped_column(BigInteger)
+    state: Mapped[str] = mapped_column(String(20))
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    delta_versions: Mapped[dict] = mapped_column(JSON, default=dict)  # sink -> version
+    rows: Mapped[dict] = mapped_column(JSON, default=dict)  # input / output / rejected counts
+    timings: Mapped[dict] = mapped_column(JSON, default=dict)  # seconds per phase
+    error: Mapped[str | None] = mapped_column(Text, nullable=True)
+    planned_at: Mapped[datetime] = mapped_column(DateTime)
+    committed_at: Mapped[datetime | None] = mapped_column(DateTime, nullable=True)
+    published_at: Mapped[datetime | None] = mapped_column(DateTime, nullable=True)

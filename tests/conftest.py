@@ -1,0 +1,54 @@
+"""Test set-up: an isolated Airflow home, data folder, epoch store and pipelines folder per
+test session, set before Airflow or sluice is imported; one SparkSession for the whole run."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+_tmp = Path(tempfile.mkdtemp(prefix="sluice-tests-"))
+_venv_bin = str(Path(sys.executable).parent)
+os.environ.update({
+    "AIRFLOW_HOME": str(_tmp / "airflow"),
+    "AIRFLOW__CORE__DAGS_FOLDER": str(ROOT / "dags"),
+    "AIRFLOW__CORE__PLUGINS_FOLDER": str(ROOT / "plugins"),
+    "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+    "AIRFLOW__CORE__UNIT_TEST_MODE": "True",
+    "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{_tmp / 'airflow' / 'airflow.db'}",
+    "AIRFLOW_CONN_SPARK_DEFAULT": '{"conn_type": "spark", "host": "local[2]"}',
+    "SLUICE_DATA_DIR": str(_tmp / "var"),
+    "SLUICE_STORE_URL": f"sqlite:///{_tmp / 'var' / 'sluice.db'}",
+    "SLUICE_PIPELINES_DIR": str(_tmp / "pipelines"),
+    "SLUICE_SPARK_MASTER": "local[2]",
+    "GX_ANALYTICS_ENABLED": "false",
+    "PYSPARK_PYTHON": sys.executable,
+    "PATH": f"{_venv_bin}{os.pathsep}{os.environ.get('PATH', '')}",
+})
+(_tmp / "airflow").mkdir(parents=True)
+(_tmp / "var").mkdir()
+shutil.copytree(ROOT / "include" / "pipelines", _tmp / "pipelines")
+for p in (ROOT / "plugins", ROOT):
+    if str(p) not in sys.path:
+        sys.path.insert(0, str(p))
+
+import pytest  # noqa: E402
+
+TMP_ROOT = _tmp
+
+
+@pytest.fixture(scope="session")
+def spark():
+    """The one SparkSession of the test run (a cold start costs ~10 s here)."""
+    from sluice.spark import get_session
+
+    session = get_session("sluice-tests", master="local[2]")
+    yield session
+    session.stop()
+
+
+def pytest_sessionfinish(session, exitstatus):
+    shutil.rmtree(_tmp, ignore_errors=True)

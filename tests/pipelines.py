@@ -1,0 +1,91 @@
+"""Test pipelines: copies of the shipped YSB specs under new names, each with its own landing
+folder and tables, written into the test session's pipelines folder (``$SLUICE_PIPELINES_DIR``)
+so that subprocesses (spark-submit, Airflow) find them too."""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import yaml
+from sluice.paths import project_root
+from sluice.spec import PipelineSpec, load_spec
+
+from include.generators.ysb import expected_window_counts, generate, parse_valid
+
+
+def make_pipeline(name: str, base: str = "ysb", **overrides: Any) -> PipelineSpec:
+    raw = yaml.safe_load((project_root() / "include" / "pipelines" / f"{base}.yaml").read_text())
+    raw["name"] = name
+    raw["source"]["path"] = f"${{SLUICE_DATA_DIR}}/{name}/landing"
+    for sink in raw["sinks"]:
+        sink["path"] = f"${{SLUICE_DATA_DIR}}/{name}/tables/{sink['name']}"
+    for key, value in overrides.items():  # "control.epoch_files": 2, "spark.mode": "in_process", ...
+        section, _, field = key.partition(".")
+        if field:
+            raw.setdefault(section, {})[field] = value
+        else:
+            raw[section] = value
+    path = Path(os.environ["SLUICE_PIPELINES_DIR"]) / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(raw, sort_keys=False))
+    spec = load_spec(path)
+    spec.landing_dir.mkdir(parents=True, exist_ok=True)
+    return spec
+
+
+def land(spec: PipelineSpec, files: int, rate_per_file: int = 200, seed: int = 1, **kw: Any) -> list[Path]:
+    """Generate YSB files into the pipeline's landing folder (one second of events each)."""
+    kw.setdefault("start_ms", 1_767_225_600_000 + 10_000 * seed)
+    return generate(spec.landing_dir, rate=rate_per_file, duration=files, files_per_second=1, seed=seed, **kw)
+
+
+def landed(spec: PipelineSpec) -> list[Path]:
+    return sorted(spec.landing_dir.glob("*.json"))
+
+
+def table_counts(spark, spec: PipelineSpec) -> Counter:
+    """Views per (campaign_id, window start ms) as the Delta table holds them."""
+    rows = spark.read.format("delta").load(spec.sinks[0].path).collect()
+    counts: Counter = Counter()
+    for r in rows:
+        key = (r["campaign_id"], int(r["window_start"].timestamp() * 1000))
+        assert key not in counts, f"duplicate key {key} in the aggregate table"
+        counts[key] = r["views"]
+    return counts
+
+
+def invalid_lines(paths: list[Path]) -> set[tuple[str, int]]:
+    """(file, line) of every non-blank line the oracle rejects, computed from the raw files."""
+    bad = set()
+    for path in paths:
+        for n, line in enumerate(path.read_text().split("\n"), start=1):
+            if line.strip() and parse_valid(line) is None:
+                bad.add((str(path), n))
+    return bad
+
+
+def rejected_lines(spark, spec: PipelineSpec) -> list[tuple[str, int]]:
+    from delta.tables import DeltaTable
+
+    if not DeltaTable.isDeltaTable(spark, spec.rejected_table):
+        return []
+    return [(r["file"], r["line"]) for r in spark.read.format("delta").load(spec.rejected_table).collect()]
+
+
+def assert_matches_oracle(spark, spec: PipelineSpec, epoch_log) -> None:
+    """The table equals the oracle from the raw files, every bad line is rejected exactly once,
+    and the epoch log is contiguous and covers every landed file."""
+    paths = landed(spec)
+    expected = expected_window_counts(paths)
+    got = table_counts(spark, spec)
+    missing = {k: v for k, v in expected.items() if got.get(k) != v}
+    extra = {k: v for k, v in got.items() if k not in expected}
+    assert not missing and not extra, (f"{spec.name}: {len(missing)} windows differ from the oracle "
+                                       f"(e.g. {list(missing.items())[:3]}), {len(extra)} unexpected")
+    rejected = rejected_lines(spark, spec)
+    assert len(rejected) == len(set(rejected)), f"{spec.name}: a rejected record was written twice"
+    assert set(rejected) == invalid_lines(paths), f"{spec.name}: rejected records differ from the oracle"
+    summary = epoch_log.summary(spec.name)  # raises on a gap or an overlap
+    assert summary["offsets"] == [0, len(paths)], f"{spec.name}: epochs cover {summary['offsets']}, not all files"

@@ -1,0 +1,501 @@
+"""Unit tests of ``sluice.store.EpochLog`` on a temporary SQLite file (no Spark, no Airflow)."""
+
+from __future__ import annotations
+
+import multiprocessing
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+_PLUGINS = str(Path(__file__).resolve().parents[2] / "plugins")
+if _PLUGINS not in sys.path:
+    sys.path.insert(0, _PLUGINS)
+
+from sluice import protocol  # noqa: E402
+from sluice.errors import FencedError, PipelineBusyError, ProtocolError  # noqa: E402
+from sluice.store import EpochLog, Lease  # noqa: E402
+
+P = "pipe"
+
+@pytest.fixture
+def db_url(tmp_path: Path) -> str:
+    return f"sqlite:///{tmp_path}/s.db"
+
+
+@pytest.fixture
+def log(db_url: str):
+    epoch_log = EpochLog(db_url)
+    yield epoch_log
+    epoch_log.close()
+
+
+def files(n: int, start: int = 0) -> list[tuple[str, int, float]]:
+    return [(f"/landing/f{i:04d}.json", 100 + i, 1000.0 + i) for i in range(start, start + n)]
+
+
+def spans(group) -> list[tuple[int, int, int]]:
+    return [(e.epoch_id, e.start, e.end) for e in group.epochs]
+
+
+def commit_all(log: EpochLog, lease: Lease, group, rows: dict[str, int] | None = None) -> None:
+    for e in group.epochs:
+        log.mark_committed(lease, e, delta_versions={"out": e.epoch_id}, rows=rows or {}, timings={"epoch_s": 0.1})
+
+
+# -- manifest ----------------------------------------------------------------------------------
+
+
+def test_register_files_assigns_positions_in_order(log):
+    assert log.manifest_end(P) == 0
+    assert log.register_files(P, files(3)) == 3
+    entries = log.manifest(P)
+    assert [(e.position, e.path, e.size, e.mtime) for e in entries] == [
+        (0, "/landing/f0000.json", 100, 1000.0),
+        (1, "/landing/f0001.json", 101, 1001.0),
+        (2, "/landing/f0002.json", 102, 1002.0),
+    ]
+    assert log.known_paths(P) == {p for p, _, _ in files(3)}
+
+
+def test_register_files_keeps_positions_and_skips_known_paths(log):
+    log.register_files(P, files(3))
+    # A relisting returns known files again (possibly in another order) plus new ones.
+    relisted = [files(3)[2], ("/landing/new_b.json", 5, 1.0), files(3)[0], ("/landing/new_a.json", 6, 2.0)]
+    assert log.register_files(P, relisted) == 5
+    positions = {e.path: e.position for e in log.manifest(P)}
+    assert positions == {
+        "/landing/f0000.json": 0, "/landing/f0001.json": 1, "/landing/f0002.json": 2,
+        "/landing/new_b.json": 3, "/landing/new_a.json": 4,  # appended in the given order
+    }
+    assert log.register_files(P, relisted) == 5  # nothing new: unchanged end
+    assert len(log.manifest(P)) == 5
+
+
+def test_register_files_skips_duplicates_within_one_call(log):
+    dup = files(1) + files(1)
+    assert log.register_files(P, dup) == 1
+
+
+def test_manifest_slices_by_position(log):
+    log.register_files(P, files(6))
+    assert [e.position for e in log.manifest(P, 2, 5)] == [2, 3, 4]
+    assert [e.position for e in log.manifest(P, 4)] == [4, 5]
+    assert log.manifest(P, 6) == []
+
+
+def test_manifests_are_per_pipeline(log):
+    log.register_files("a", files(2))
+    log.register_files("b", files(1))
+    assert log.manifest_end("a") == 2
+    assert log.manifest_end("b") == 1
+    assert log.manifest("c") == []
+
+
+# -- planning ----------------------------------------------------------------------------------
+
+
+def test_plan_group_returns_none_when_nothing_available(log):
+    lease = log.acquire_lease(P, "run-1")
+    assert log.plan_group(lease, epoch_size=4, k=3) is None
+    assert log.epochs(P) == []
+    assert log.groups(P) == []
+
+
+def test_plan_group_writes_contiguous_dense_epochs_from_manifest(log):
+    log.register_files(P, files(10))
+    lease = log.acquire_lease(P, "run-1")
+    group = log.plan_group(lease, epoch_size=4, k=5, plan={"reason": "backlog"})
+    assert group is not None
+    assert group.group_id == 0
+    assert group.owner == "run-1"
+    assert group.fence == lease.fence
+    assert group.state == protocol.PLANNED
+    assert group.reprocessing is False
+    assert spans(group) == [(0, 0, 4), (1, 4, 8), (2, 8, 10)]  # last epoch partial, nothing past the manifest
+    assert all(e.state == protocol.PLANNED and e.generation == 0 for e in group.epochs)
+    assert group.plan == {"reason": "backlog", "epoch_size": 4, "k": 5}
+    # Written ahead: another reader sees the same ranges.
+    assert [(e.epoch_id, e.start, e.end) for e in log.epochs(P)] == spans(group)
+    assert log.next_offset(P) == 10
+
+
+def test_plan_group_limits_to_k_epochs(log):
+    log.register_files(P, files(100))
+    lease = log.acquire_lease(P, "run-1")
+    group = log.plan_group(lease, epoch_size=4, k=3)
+    assert spans(group) == [(0, 0, 4), (1, 4, 8), (2, 8, 12)]
+    assert log.next_offset(P) == 12
+
+
+def test_plan_group_continues_after_published_group(log):
+    log.register_files(P, files(10))
+    lease = log.acquire_lease(P, "run-1")
+    g0 = log.plan_group(lease, epoch_size=4, k=1)
+    commit_all(log, lease, g0)
+    log.finish_group(lease, g0.group_id, protocol.PUBLISHED)
+    g1 = log.plan_group(lease, epoch_size=4, k=2)
+    assert g1.group_id == 1  # a fresh group id (0 was reused once: `(max or -1) + 1` with max == 0)
+    assert spans(g1) == [(1, 4, 8), (2, 8, 10)]
+    assert g1.reprocessing is False
+    commit_all(log, lease, g1)
+    log.finish_group(lease, g1.group_id, protocol.PUBLISHED)
+    assert log.plan_group(lease, epoch_size=4, k=2) is None  # the manifest is exhausted
+    assert [g.group_id for g in log.groups(P)] == [0, 1]
+    assert log.summary(P)["by_state"] == {protocol.PUBLISHED: 3}
+
+
+def test_leftover_epochs_are_replanned_as_new_group_with_same_ranges(log):
+    log.register_files(P, files(10))
+    dead = log.acquire_lease(P, "run-1", ttl_s=0.01)
+    g0 = log.plan_group(dead, epoch_size=4, k=2)
+    log.mark_failed(dead, g0.epochs[1], "boom")
+    time.sleep(0.05)  # run-1 dies; its lease expires
+    log.register_files(P, files(5, start=10))  # more data arrived meanwhile: must not change the ranges
+
+    lease = log.acquire_lease(P, "run-2")
+    g1 = log.plan_group(lease, epoch_size=2, k=5)  # other settings: must not change the ranges either
+    assert g1.group_id == 1
+    assert g1.reprocessing is True
+    assert spans(g1) == spans(g0) == [(0, 0, 4), (1, 4, 8)]
+    assert [e.state for e in g1.epochs] == [protocol.PLANNED, protocol.FAILED]
+    assert "reprocess" in g1.plan["reason"]
+    assert log.group(P, 0).state == protocol.FAILED  # the dead run's group
+    assert log.group(P, 0).epochs == ()  # its epochs moved to the new group
+    # Once the leftovers are done, planning continues after them.
+    commit_all(log, lease, g1)
+    log.finish_group(lease, g1.group_id, protocol.PUBLISHED)
+    g2 = log.plan_group(lease, epoch_size=4, k=5)
+    assert spans(g2) == [(2, 8, 12), (3, 12, 15)]
+
+
+def test_dead_runs_committed_epochs_are_published_by_recovery(log):
+    log.register_files(P, files(9))
+    dead = log.acquire_lease(P, "run-1", ttl_s=0.01)
+    g0 = log.plan_group(dead, epoch_size=3, k=3)
+    for e in g0.epochs[:2]:  # epochs 0 and 1 reach the sink
+        log.mark_committed(dead, e, delta_versions={}, rows={}, timings={})
+    time.sleep(0.05)  # run-1 dies before epoch 2 and before publishing
+
+    lease = log.acquire_lease(P, "run-2")
+    g1 = log.plan_group(lease, epoch_size=3, k=3)
+    assert g1.reprocessing is True
+    assert spans(g1) == spans(g0)  # committed ones too: they still need publishing
+    assert [e.state for e in g1.epochs] == [protocol.COMMITTED, protocol.COMMITTED, protocol.PLANNED]
+    assert log.group(P, g0.group_id).state == protocol.FAILED
+    for e in g1.epochs:
+        if e.state != protocol.COMMITTED:  # as GroupRunner.run does
+            log.mark_committed(lease, e, delta_versions={}, rows={}, timings={})
+    log.finish_group(lease, g1.group_id, protocol.PUBLISHED)
+    assert log.summary(P)["by_state"] == {protocol.PUBLISHED: 3}
+
+
+def test_dead_runs_fully_committed_group_is_published_by_recovery(log):
+    log.register_files(P, files(4))
+    dead = log.acquire_lease(P, "run-1", ttl_s=0.01)
+    g0 = log.plan_group(dead, epoch_size=2, k=2)
+    commit_all(log, dead, g0)
+    time.sleep(0.05)  # run-1 dies between the last commit and publish
+
+    lease = log.acquire_lease(P, "run-2")
+    g1 = log.plan_group(lease, epoch_size=2, k=2)
+    assert g1 is not None, "the dead run's committed epochs are left unpublished, and the group 'planned'"
+    assert g1.reprocessing is True
+    assert g1.epoch_ids == [0, 1]
+    log.finish_group(lease, g1.group_id, protocol.PUBLISHED)
+    assert log.summary(P)["by_state"] == {protocol.PUBLISHED: 2}
+
+
+# -- leases ------------------------------------------------------------------------------------
+
+
+def test_same_owner_reacquires_and_bumps_fence(log):
+    first = log.acquire_lease(P, "run-1")
+    again = log.acquire_lease(P, "run-1")
+    assert first == Lease(P, "run-1", 1)
+    assert again == Lease(P, "run-1", 2)
+    assert log.lease_holder(P) == "run-1"
+
+
+def test_other_owner_is_busy_with_pipeline_and_holder_named(log):
+    log.acquire_lease(P, "dag_ysb:run-1")
+    with pytest.raises(PipelineBusyError) as info:
+        log.acquire_lease(P, "dag_other:run-9")
+    message = str(info.value)
+    assert repr(P) in message
+    assert "'dag_ysb:run-1'" in message
+    assert log.lease_holder(P) == "dag_ysb:run-1"  # unchanged
+    assert log.current_lease(P, "dag_ysb:run-1").fence == 1  # a refused attempt does not bump the fence
+
+
+def test_leases_are_per_pipeline(log):
+    log.acquire_lease("a", "run-1")
+    assert log.acquire_lease("b", "run-2").fence == 1
+
+
+def test_expired_lease_can_be_taken(log):
+    old = log.acquire_lease(P, "run-1", ttl_s=0.01)
+    time.sleep(0.05)
+    assert log.lease_holder(P) is None
+    new = log.acquire_lease(P, "run-2")
+    assert new.fence == old.fence + 1
+    assert log.lease_holder(P) == "run-2"
+    with pytest.raises(FencedError, match="run-1"):
+        log.check_lease(old)
+
+
+def test_take_over_prefix_takes_a_live_lease_of_the_same_prefix(log):
+    old = log.acquire_lease(P, "sluice_ysb:manual__1")
+    with pytest.raises(PipelineBusyError):
+        log.acquire_lease(P, "sluice_ysb:manual__2", take_over_prefix="other_dag:")
+    new = log.acquire_lease(P, "sluice_ysb:manual__2", take_over_prefix="sluice_ysb:")
+    assert new.fence == old.fence + 1
+    assert log.lease_holder(P) == "sluice_ysb:manual__2"
+    with pytest.raises(FencedError):
+        log.renew_lease(old)
+
+
+def test_stale_lease_is_fenced(log):
+    log.register_files(P, files(8))
+    stale = log.acquire_lease(P, "run-1")
+    group = log.plan_group(stale, epoch_size=4, k=2)
+    fresh = log.acquire_lease(P, "run-1")  # e.g. a retried task of the same run
+    assert fresh.fence == stale.fence + 1
+    with pytest.raises(FencedError, match="this run must stop"):
+        log.mark_committed(stale, group.epochs[0], delta_versions={}, rows={}, timings={})
+    with pytest.raises(FencedError):
+        log.plan_group(stale, epoch_size=4, k=2)
+    with pytest.raises(FencedError):
+        log.finish_group(stale, group.group_id, protocol.PUBLISHED)
+    with pytest.raises(FencedError):
+        log.mark_failed(stale, group.epochs[0], "x")
+    # Nothing changed under the stale token.
+    assert [e.state for e in log.epochs(P)] == [protocol.PLANNED, protocol.PLANNED]
+    log.mark_committed(fresh, group.epochs[0], delta_versions={}, rows={}, timings={})
+    assert log.epochs(P)[0].state == protocol.COMMITTED
+
+
+def test_release_lease(log):
+    lease = log.acquire_lease(P, "run-1")
+    assert log.release_lease(lease) is True
+    assert log.lease_holder(P) is None
+    assert log.release_lease(lease) is False  # released already
+    with pytest.raises(FencedError):
+        log.check_lease(lease)
+    other = log.acquire_lease(P, "run-2")  # free now, no wait for expiry
+    assert other.fence == lease.fence + 1
+
+
+def test_current_lease_names_the_holder(log):
+    log.acquire_lease(P, "run-1")
+    assert log.current_lease(P, "run-1") == Lease(P, "run-1", 1)
+    with pytest.raises(FencedError, match="'run-1'"):
+        log.current_lease(P, "run-2")
+
+
+# -- commit and publish ------------------------------------------------------------------------
+
+
+def test_mark_committed_then_publish_moves_states(log):
+    log.register_files(P, files(6))
+    lease = log.acquire_lease(P, "run-1")
+    group = log.plan_group(lease, epoch_size=3, k=2)
+    for e in group.epochs:
+        log.start_attempt(lease, e)
+    commit_all(log, lease, group, rows={"input": 10, "output": 7, "rejected": 3})
+    committed = log.group(P, group.group_id)
+    assert [e.state for e in committed.epochs] == [protocol.COMMITTED] * 2
+    assert committed.epochs[1].delta_versions == {"out": 1}
+    assert committed.epochs[0].attempts == 1
+    assert committed.epochs[0].committed_at is not None
+    assert committed.state == protocol.PLANNED
+
+    published = log.finish_group(lease, group.group_id, protocol.PUBLISHED)
+    assert published.state == protocol.PUBLISHED
+    assert [e.state for e in published.epochs] == [protocol.PUBLISHED] * 2
+    assert all(e.published_at is not None for e in published.epochs)
+    assert [e.state for e in log.epochs(P)] == [protocol.PUBLISHED] * 2
+
+
+def test_mark_committed_is_idempotent(log):
+    log.register_files(P, files(2))
+    lease = log.acquire_lease(P, "run-1")
+    epoch = log.plan_group(lease, epoch_size=2, k=1).epochs[0]
+    log.mark_committed(lease, epoch, delta_versions={"out": 4}, rows={"input": 2}, timings={})
+    log.mark_committed(lease, epoch, delta_versions={"out": 9}, rows={"input": 99}, timings={})  # a replay
+    (stored,) = log.epochs(P)
+    assert stored.state == protocol.COMMITTED
+    assert stored.delta_versions == {"out": 4}
+    assert stored.rows == {"input": 2}
+
+
+def test_mark_committed_after_publish_changes_nothing(log):
+    log.register_files(P, files(2))
+    lease = log.acquire_lease(P, "run-1")
+    group = log.plan_group(lease, epoch_size=2, k=1)
+    commit_all(log, lease, group)
+    log.finish_group(lease, group.group_id, protocol.PUBLISHED)
+    log.mark_committed(lease, group.epochs[0], delta_versions={"out": 99}, rows={"input": 1}, timings={})
+    (stored,) = log.epochs(P)
+    assert stored.state == protocol.PUBLISHED
+    assert stored.delta_versions == {"out": 0}
+    assert stored.published_at is not None
+
+
+def test_plan_group_while_own_group_in_flight_replans_it(log):
+    """A retried plan task (same owner, new token) takes over its own unfinished group."""
+    log.register_files(P, files(8))
+    first = log.acquire_lease(P, "run-1")
+    g0 = log.plan_group(first, epoch_size=4, k=2)
+    retry = log.acquire_lease(P, "run-1")
+    g1 = log.plan_group(retry, epoch_size=4, k=2)
+    assert g1.reprocessing is True
+    assert spans(g1) == spans(g0)
+    assert g1.fence == retry.fence
+    assert log.group(P, g0.group_id).state == protocol.FAILED
+    assert log.next_offset(P) == 8  # no new epochs were planned
+
+
+def test_failed_epoch_can_still_commit(log):
+    log.register_files(P, files(2))
+    lease = log.acquire_lease(P, "run-1")
+    epoch = log.plan_group(lease, epoch_size=2, k=1).epochs[0]
+    log.mark_failed(lease, epoch, "x" * 5000)
+    (failed,) = log.epochs(P)
+    assert failed.state == protocol.FAILED
+    assert len(failed.error) == 4000  # truncated
+    log.mark_committed(lease, epoch, delta_versions={}, rows={}, timings={})
+    (stored,) = log.epochs(P)
+    assert stored.state == protocol.COMMITTED
+    assert stored.error is None
+
+
+def test_finish_group_refuses_to_publish_uncommitted_epochs(log):
+    log.register_files(P, files(6))
+    lease = log.acquire_lease(P, "run-1")
+    group = log.plan_group(lease, epoch_size=2, k=3)
+    log.mark_committed(lease, group.epochs[0], delta_versions={}, rows={}, timings={})
+    with pytest.raises(ProtocolError, match=r"group 0: epochs \[1, 2\] are not committed; cannot publish") as info:
+        log.finish_group(lease, group.group_id, protocol.PUBLISHED)
+    assert repr(P) in str(info.value)
+    # The refusal changed nothing.
+    assert log.group(P, 0).state == protocol.PLANNED
+    assert [e.state for e in log.epochs(P)] == [protocol.COMMITTED, protocol.PLANNED, protocol.PLANNED]
+
+
+def test_finish_group_unknown_group(log):
+    lease = log.acquire_lease(P, "run-1")
+    with pytest.raises(ProtocolError, match="has no group 7"):
+        log.finish_group(lease, 7, protocol.PUBLISHED)
+    with pytest.raises(ProtocolError, match="has no group 7"):
+        log.group(P, 7)
+
+
+def test_summary_counts(log):
+    log.register_files(P, files(7))
+    lease = log.acquire_lease(P, "run-1")
+    group = log.plan_group(lease, epoch_size=2, k=4)
+    for e in group.epochs[:3]:
+        log.mark_committed(lease, e, delta_versions={}, rows={"input": 10, "output": 8, "rejected": 2}, timings={})
+    log.mark_failed(lease, group.epochs[3], "boom")
+    summary = log.summary(P)
+    assert summary == {
+        "pipeline": P,
+        "generation": 0,
+        "epochs": 4,
+        "groups": 1,
+        "by_state": {protocol.COMMITTED: 3, protocol.FAILED: 1},
+        "offsets": [0, 7],
+        "rows": {"input": 30, "output": 24, "rejected": 6},
+    }
+
+
+def test_summary_of_empty_pipeline(log):
+    summary = log.summary(P)
+    assert summary["epochs"] == 0
+    assert summary["by_state"] == {}
+    assert summary["offsets"] == [0, 0]
+
+
+def test_epoch_and_group_records_are_json_able(log):
+    import json
+
+    log.register_files(P, files(2))
+    lease = log.acquire_lease(P, "run-1")
+    group = log.plan_group(lease, epoch_size=2, k=1)
+    record = json.loads(json.dumps(group.as_record()))
+    assert record["epochs"][0]["start"] == 0
+    assert record["epochs"][0]["planned_at"].endswith("Z")
+    assert record["epochs"][0]["committed_at"] is None
+
+
+# -- two processes -----------------------------------------------------------------------------
+
+
+def test_two_instances_on_the_same_file_see_each_others_writes(db_url):
+    a, b = EpochLog(db_url), EpochLog(db_url)
+    try:
+        a.register_files(P, files(4))
+        assert b.manifest_end(P) == 4
+        lease_b = b.acquire_lease(P, "run-b")
+        with pytest.raises(PipelineBusyError, match="run-b"):
+            a.acquire_lease(P, "run-a")
+        group = b.plan_group(lease_b, epoch_size=2, k=2)
+        assert [(e.epoch_id, e.start, e.end) for e in a.epochs(P)] == spans(group)
+        a.mark_committed(lease_b, group.epochs[0], delta_versions={}, rows={}, timings={})
+        assert b.epochs(P)[0].state == protocol.COMMITTED
+        assert b.release_lease(lease_b)
+        lease_a = a.acquire_lease(P, "run-a")
+        with pytest.raises(FencedError):
+            b.check_lease(lease_b)
+        assert lease_a.fence == lease_b.fence + 1
+    finally:
+        a.close()
+        b.close()
+
+
+def _race_for_lease(url: str, pipeline: str, owner: str, barrier, results) -> None:
+    """Child process: open the store, wait for the other racer, then try to take the lease."""
+    epoch_log = EpochLog(url)
+    try:
+        barrier.wait(timeout=60)
+        try:
+            lease = epoch_log.acquire_lease(pipeline, owner)
+        except PipelineBusyError as exc:
+            results.put((owner, "busy", str(exc)))
+        else:
+            results.put((owner, "won", lease.fence))
+    except Exception as exc:  # reported to the parent, which fails the test with it
+        results.put((owner, "error", f"{type(exc).__name__}: {exc}"))
+    finally:
+        epoch_log.close()
+
+
+def test_two_processes_race_for_the_lease(db_url):
+    EpochLog(db_url).close()  # the schema exists; the pipeline row does not yet
+    ctx = multiprocessing.get_context("spawn")
+    barrier, results = ctx.Barrier(2), ctx.Queue()
+    owners = ["proc-a", "proc-b"]
+    procs = [ctx.Process(target=_race_for_lease, args=(db_url, "raced", o, barrier, results)) for o in owners]
+    for p in procs:
+        p.start()
+    try:
+        outcomes = sorted((results.get(timeout=90) for _ in owners), key=lambda r: r[1])
+    finally:
+        for p in procs:
+            p.join(timeout=30)
+            if p.is_alive():
+                p.kill()
+    assert [p.exitcode for p in procs] == [0, 0]
+    (loser, busy, message), (winner, won, fence) = outcomes
+    assert (busy, won) == ("busy", "won"), outcomes
+    assert {loser, winner} == set(owners)
+    assert fence == 1
+    assert "'raced'" in message and repr(winner) in message
+    log = EpochLog(db_url)
+    try:
+        assert log.lease_holder("raced") == winner
+        assert log.current_lease("raced", winner).fence == 1
+    finally:
+        log.close()

@@ -1,0 +1,244 @@
+"""Unit tests of ``sluice.protocol``: the pure rules of the exactly-once protocol (no I/O)."""
+
+from __future__ import annotations
+
+import itertools
+import random
+import sys
+from pathlib import Path
+
+import pytest
+
+_PLUGINS = str(Path(__file__).resolve().parents[2] / "plugins")
+if _PLUGINS not in sys.path:
+    sys.path.insert(0, _PLUGINS)
+
+from sluice import protocol  # noqa: E402
+from sluice.errors import ProtocolError  # noqa: E402
+from sluice.protocol import (  # noqa: E402
+    Range,
+    already_written,
+    check_contiguous,
+    check_transition,
+    epochs_to_reprocess,
+    plan_ranges,
+    sink_app_id,
+)
+
+
+def spans(ranges: list[Range]) -> list[tuple[int, int]]:
+    return [(r.start, r.end) for r in ranges]
+
+
+# -- Range -------------------------------------------------------------------------------------
+
+
+def test_range_size_and_half_open():
+    assert Range(3, 7).size == 4
+    assert Range(0, 1).size == 1
+
+
+@pytest.mark.parametrize(("start", "end"), [(5, 5), (6, 5), (-1, 3)])
+def test_range_rejects_empty_reversed_or_negative(start, end):
+    with pytest.raises(ProtocolError, match=rf"\[{start}, {end}\)"):
+        Range(start, end)
+
+
+# -- plan_ranges -------------------------------------------------------------------------------
+
+
+def test_plan_ranges_full_epochs_then_partial_last():
+    assert spans(plan_ranges(0, 10, 4, 5)) == [(0, 4), (4, 8), (8, 10)]
+
+
+def test_plan_ranges_starts_at_next_offset():
+    assert spans(plan_ranges(7, 20, 5, 2)) == [(7, 12), (12, 17)]
+
+
+def test_plan_ranges_stops_at_k_epochs_even_with_more_backlog():
+    ranges = plan_ranges(0, 1000, 10, 3)
+    assert spans(ranges) == [(0, 10), (10, 20), (20, 30)]
+
+
+def test_plan_ranges_k_never_exceeds_backlog():
+    # 3 offsets available, k = 10: one offset per epoch at most three epochs, never empty ones.
+    assert spans(plan_ranges(5, 8, 1, 10)) == [(5, 6), (6, 7), (7, 8)]
+    assert spans(plan_ranges(5, 8, 100, 10)) == [(5, 8)]
+
+
+@pytest.mark.parametrize(("next_offset", "available_end"), [(4, 4), (9, 4), (0, 0)])
+def test_plan_ranges_nothing_available_plans_nothing(next_offset, available_end):
+    assert plan_ranges(next_offset, available_end, 4, 3) == []
+
+
+@pytest.mark.parametrize(("epoch_size", "k"), [(0, 1), (1, 0), (-3, 2), (2, -1)])
+def test_plan_ranges_rejects_invalid_size_or_k(epoch_size, k):
+    with pytest.raises(ProtocolError, match=">= 1"):
+        plan_ranges(0, 10, epoch_size, k)
+
+
+def test_plan_ranges_rejects_invalid_args_even_without_backlog():
+    with pytest.raises(ProtocolError):
+        plan_ranges(10, 10, 0, 1)
+
+
+def test_plan_ranges_rejects_negative_start():
+    with pytest.raises(ProtocolError):
+        plan_ranges(-2, 10, 4, 1)
+
+
+def test_plan_ranges_invariants_random():
+    rng = random.Random(20260101)
+    for _ in range(5000):
+        next_offset = rng.randint(0, 500)
+        available_end = next_offset + rng.choice([0, 0, 1, 2, rng.randint(0, 400)]) - rng.choice([0, 0, 0, 3])
+        epoch_size = rng.choice([1, 2, 3, rng.randint(1, 64), rng.randint(1, 1000)])
+        k = rng.choice([1, 2, rng.randint(1, 50)])
+        args = (next_offset, available_end, epoch_size, k)
+        ranges = plan_ranges(*args)
+        backlog = max(0, available_end - next_offset)
+
+        assert len(ranges) <= k, args
+        assert len(ranges) <= backlog, args  # k never exceeds the backlog
+        if backlog == 0:
+            assert ranges == [], args
+            continue
+        assert ranges, args
+        assert ranges[0].start == next_offset, args
+        for a, b in itertools.pairwise(ranges):
+            assert a.end == b.start, args  # contiguous
+        assert all(r.end <= available_end for r in ranges), args  # nothing beyond what is available
+        assert all(r.size == epoch_size for r in ranges[:-1]), args  # only the last may be partial
+        assert 1 <= ranges[-1].size <= epoch_size, args
+        covered = ranges[-1].end - next_offset
+        assert covered == min(backlog, k * epoch_size), args  # greedy: plans as much as allowed
+        # The plan is a valid, dense epoch log by itself.
+        check_contiguous(((i, r.start, r.end) for i, r in enumerate(ranges)), first_offset=next_offset)
+
+
+# -- check_contiguous --------------------------------------------------------------------------
+
+
+def test_check_contiguous_accepts_dense_contiguous_log():
+    check_contiguous([(0, 0, 4), (1, 4, 8), (2, 8, 9)])
+    check_contiguous([])
+    check_contiguous([(0, 10, 12), (1, 12, 20)], first_offset=10)
+
+
+def test_check_contiguous_rejects_non_dense_ids():
+    with pytest.raises(ProtocolError, match="expected 1, found 2"):
+        check_contiguous([(0, 0, 4), (2, 4, 8)])
+
+
+def test_check_contiguous_ids_must_start_at_zero():
+    with pytest.raises(ProtocolError, match="expected 0, found 1"):
+        check_contiguous([(1, 0, 4)])
+
+
+def test_check_contiguous_rejects_gap():
+    with pytest.raises(ProtocolError, match="epoch 1 starts at 5, but the previous epoch ended at 4"):
+        check_contiguous([(0, 0, 4), (1, 5, 8)])
+
+
+def test_check_contiguous_rejects_overlap():
+    with pytest.raises(ProtocolError, match="epoch 1 starts at 3"):
+        check_contiguous([(0, 0, 4), (1, 3, 8)])
+
+
+def test_check_contiguous_rejects_wrong_first_offset():
+    with pytest.raises(ProtocolError, match="starts at 0"):
+        check_contiguous([(0, 0, 4)], first_offset=2)
+
+
+def test_check_contiguous_rejects_empty_epoch():
+    with pytest.raises(ProtocolError, match=r"invalid epoch range \[4, 4\)"):
+        check_contiguous([(0, 0, 4), (1, 4, 4)])
+
+
+# -- check_transition --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("current", "new"), [
+    (protocol.PLANNED, protocol.COMMITTED),
+    (protocol.PLANNED, protocol.FAILED),
+    (protocol.FAILED, protocol.COMMITTED),  # a failed epoch is retried with the same range
+    (protocol.FAILED, protocol.FAILED),
+    (protocol.COMMITTED, protocol.PUBLISHED),
+    (protocol.COMMITTED, protocol.QUARANTINED),
+    (protocol.QUARANTINED, protocol.PUBLISHED),
+    (protocol.PUBLISHED, protocol.ROLLED_BACK),
+    (protocol.COMMITTED, protocol.ROLLED_BACK),
+    (protocol.PLANNED, protocol.ROLLED_BACK),
+])
+def test_check_transition_allowed(current, new):
+    check_transition(3, current, new)
+
+
+@pytest.mark.parametrize(("current", "new"), [
+    (protocol.PLANNED, protocol.PUBLISHED),  # cannot publish without committing
+    (protocol.FAILED, protocol.PUBLISHED),
+    (protocol.PUBLISHED, protocol.COMMITTED),
+    (protocol.PUBLISHED, protocol.PLANNED),
+    (protocol.COMMITTED, protocol.PLANNED),
+    (protocol.COMMITTED, protocol.FAILED),  # committed data is in the sink: it cannot "fail" afterwards
+    (protocol.ROLLED_BACK, protocol.PLANNED),
+    (protocol.ROLLED_BACK, protocol.COMMITTED),
+    (protocol.ROLLED_BACK, protocol.PUBLISHED),
+    ("bogus", protocol.COMMITTED),
+    (protocol.PLANNED, "bogus"),
+])
+def test_check_transition_refused(current, new):
+    with pytest.raises(ProtocolError, match=rf"epoch 42: cannot go from '{current}' to '{new}'"):
+        check_transition(42, current, new)
+
+
+def test_rolled_back_is_terminal():
+    for new in (protocol.PLANNED, protocol.COMMITTED, protocol.PUBLISHED, protocol.FAILED,
+                protocol.QUARANTINED, protocol.ROLLED_BACK):
+        with pytest.raises(ProtocolError):
+            check_transition(0, protocol.ROLLED_BACK, new)
+
+
+# -- already_written / epochs_to_reprocess / sink_app_id ---------------------------------------
+
+
+@pytest.mark.parametrize(("recorded", "epoch", "expected"), [
+    (None, 0, False),  # the sink has never seen this app id
+    (None, 7, False),
+    (0, 0, True),
+    (5, 5, True),
+    (5, 3, True),
+    (5, 6, False),
+    (0, 1, False),
+])
+def test_already_written(recorded, epoch, expected):
+    assert already_written(recorded, epoch) is expected
+
+
+def test_epochs_to_reprocess_picks_unpublished_epochs_in_order():
+    # A dead run's leftovers: unwritten (planned), failed, and written but not yet published.
+    states = [
+        (0, protocol.PUBLISHED), (1, protocol.COMMITTED), (2, protocol.FAILED), (3, protocol.PLANNED),
+        (4, protocol.QUARANTINED), (5, protocol.ROLLED_BACK), (6, protocol.PLANNED),
+    ]
+    assert epochs_to_reprocess(states) == [1, 2, 3, 6]
+
+
+def test_epochs_to_reprocess_nothing_left():
+    assert epochs_to_reprocess([]) == []
+    assert epochs_to_reprocess([(0, protocol.PUBLISHED), (1, protocol.QUARANTINED), (2, protocol.ROLLED_BACK)]) == []
+
+
+def test_unfinished_epochs_are_the_ones_to_rewrite():
+    assert protocol.UNFINISHED == {protocol.PLANNED, protocol.FAILED}
+    assert protocol.UNPUBLISHED == protocol.UNFINISHED | {protocol.COMMITTED}
+
+
+def test_sink_app_id_format():
+    assert sink_app_id("ysb", "campaign_views", 0) == "sluice:ysb:campaign_views:g0"
+    assert sink_app_id("p", "s", 12) == "sluice:p:s:g12"
+
+
+def test_sink_app_id_changes_with_generation():
+    ids = {sink_app_id("ysb", "views", g) for g in range(5)}
+    assert len(ids) == 5
