@@ -64,7 +64,9 @@ def build_dag(spec: PipelineSpec) -> DAG:
                                   "--group", "{{ ti.xcom_pull(task_ids='plan_group')['group_id'] }}",
                                   "--owner", "airflow:{{ dag.dag_id }}:{{ run_id }}"],
                 conn_id=spec.spark.conn_id,
-                conf=spark_conf(spec.spark.conf),
+                conf=spark_conf({"spark.driver.extraJavaOptions":
+                                 f"-Dlog4j2.configurationFile=file:{project_root() / 'jobs' / 'log4j2.properties'}",
+                                 **spec.spark.conf}),
                 jars=",".join(str(jars / name) for name in DELTA_JAR_NAMES),
                 env_vars={"SLUICE_STORE_URL": "{{ ti.xcom_pull(task_ids='plan_group')['store_url'] }}"},
                 name=f"sluice-{spec.name}",

@@ -1,0 +1,100 @@
+"""The pipeline DAGs load, and run end to end with ``dag.test()`` (in-process Airflow):
+``ysb`` through spark-submit, ``ysb_clean`` with Spark inside the task."""
+
+from __future__ import annotations
+
+import pytest
+
+from include.generators.ysb import parse_valid
+from sluice import protocol
+from sluice.store import EpochLog
+from tests.pipelines import assert_matches_oracle, land, landed, make_pipeline
+
+
+def dagbag():
+    from airflow.dag_processing.dagbag import DagBag
+
+    return DagBag()
+
+
+def test_every_spec_becomes_a_dag_without_import_errors():
+    make_pipeline("dag_shape")
+    bag = dagbag()
+    assert not bag.import_errors, bag.import_errors
+    for name in ("ysb", "ysb_clean", "dag_shape"):
+        dag = bag.dags.get(name)
+        assert dag is not None, f"no DAG for pipeline {name}"
+        assert dag.max_active_runs == 1
+        assert [t.task_id for t in dag.topological_sort()] == [
+            "wait_for_backlog", "plan_group", "run_group", "checkpoint", "more_to_drain", "drain_again"]
+    assert type(bag.dags.get("ysb").timetable).__name__ == "ContinuousTimetable"
+    assert "*/10 * * * *" in repr(bag.dags.get("ysb_clean").timetable)
+    sensor = bag.dags.get("ysb").get_task("wait_for_backlog")
+    assert sensor.deferrable and sensor.soft_fail
+    assert type(bag.dags.get("ysb").get_task("run_group")).__name__ == "SparkSubmitOperator"
+    assert type(bag.dags.get("ysb_clean").get_task("run_group")).__name__ == "RunGroupOperator"
+
+
+def test_a_broken_spec_is_an_import_error_naming_file_and_field(tmp_path, monkeypatch):
+    from sluice.paths import pipelines_dir
+
+    bad = pipelines_dir() / "broken_spec.yaml"
+    bad.write_text((pipelines_dir() / "ysb.yaml").read_text().replace("name: ysb", "name: broken_spec")
+                   .replace("epoch_files: 4", "epoch_files: -3"))
+    try:
+        bag = dagbag()
+        errors = "\n".join(bag.import_errors.values())
+        assert "broken_spec.yaml" in errors and "control.epoch_files" in errors, errors
+    finally:
+        bad.unlink()
+
+
+@pytest.mark.parametrize("mode", ["submit", "in_process"])
+def test_dag_test_runs_one_group_per_dag_run(mode, spark):
+    name = f"dagtest_{mode}"
+    spec = make_pipeline(name, **{"control.epoch_files": 2, "control.group_epochs": 2, "spark.mode": mode})
+    land(spec, files=6, malformed_fraction=0.02)
+    dag = dagbag().dags.get(name)
+    runs = []
+    for _ in range(2):  # 6 files, 2 per epoch, 2 epochs per group: two DAG runs
+        dr = dag.test(run_conf={"drain": False})
+        runs.append({ti.task_id: ti.state for ti in dr.get_task_instances()})
+        assert dr.state == "success", runs[-1]
+        assert runs[-1]["checkpoint"] == "success", runs[-1]
+        assert runs[-1]["more_to_drain"] == "success" and runs[-1]["drain_again"] == "skipped", runs[-1]
+    log = EpochLog()
+    epochs = log.epochs(name)
+    assert [e.group_id for e in epochs] == [0, 0, 1]  # the second run planned the last 2 files
+    assert {e.state for e in epochs} == {protocol.PUBLISHED}
+    assert log.lease_holder(name) is None, "checkpoint must release the lease"
+    assert_matches_oracle(spark, spec, log)
+    assert sum(e.rows["rejected"] for e in epochs) == sum(
+        1 for p in landed(spec) for line in p.read_text().splitlines() if line.strip() and parse_valid(line) is None)
+
+
+def test_params_override_epoch_size_and_k(spark):
+    spec = make_pipeline("dagtest_params", **{"spark.mode": "in_process"})
+    land(spec, files=5)
+    dr = dagbag().dags.get(spec.name).test(run_conf={"epoch_size": 1, "k": 5})
+    assert dr.state == "success"
+    epochs = EpochLog().epochs(spec.name)
+    assert [(e.start, e.end) for e in epochs] == [(i, i + 1) for i in range(5)]
+    assert_matches_oracle(spark, spec, EpochLog())
+
+
+def test_drain_triggers_the_next_group_run_with_the_same_conf(spark):
+    from airflow.models.dagrun import DagRun
+    from airflow.utils.session import create_session
+
+    spec = make_pipeline("dagtest_drain", **{"spark.mode": "in_process", "control.group_epochs": 1,
+                                             "control.epoch_files": 2})
+    land(spec, files=4)
+    dr = dagbag().dags.get(spec.name).test(run_conf={"drain": True, "epoch_size": 1})
+    states = {ti.task_id: ti.state for ti in dr.get_task_instances()}
+    assert states["drain_again"] == "success", states
+    with create_session() as session:
+        runs = session.query(DagRun).filter(DagRun.dag_id == spec.name).all()
+        triggered = [r for r in runs if r.run_id != dr.run_id]
+        assert len(triggered) == 1 and triggered[0].conf == {"drain": True, "epoch_size": 1, "k": None}
+    epochs = EpochLog().epochs(spec.name)
+    assert [(e.start, e.end) for e in epochs] == [(0, 1)], "one group of k=1 epoch of 1 file per DAG run"

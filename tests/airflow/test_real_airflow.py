@@ -1,0 +1,169 @@
+"""End to end under a real Airflow: ``airflow standalone`` (scheduler, dag-processor,
+api-server, triggerer, LocalExecutor) in a subprocess, driven through its REST API.
+
+What ``dag.test()`` cannot show, shown here:
+* the backlog sensor defers and the *real* triggerer imports ``sluice.airflow.triggers.
+  BacklogTrigger`` from the plugins folder, polls an empty folder, and fires once data lands;
+* ``run_group`` runs ``jobs/run_group.py`` through spark-submit from a LocalExecutor worker,
+  and task code reaches the epoch store while Airflow blocks its metadata DB;
+* ``@continuous`` starts the next group run by itself; a cron pipeline (``in_process`` Spark
+  inside the worker) runs on its schedule.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from sluice import protocol
+from sluice.spec import PipelineSpec
+from sluice.store import EpochLog
+from tests.airflow import standalone
+from tests.pipelines import assert_matches_oracle, land, make_pipeline
+
+CONTINUOUS = "real_af_continuous"
+CRON = "real_af_cron"
+TRIGGER = "sluice.airflow.triggers.BacklogTrigger"
+GROUP_TASKS = ("wait_for_backlog", "plan_group", "run_group", "checkpoint")
+
+
+def land_atomically(spec: PipelineSpec, files: int, seed: int, prefix: str) -> list[Path]:
+    """Generate files in a staging folder, then move them into the landing folder in one go,
+    so the trigger sees all of them or none (a group's shape is then deterministic)."""
+    staging = spec.landing_dir.parent / f"staging-{prefix}"
+    staged_spec = spec.model_copy(update={"source": spec.source.model_copy(update={"path": str(staging)})})
+    staged = land(staged_spec, files=files, seed=seed, prefix=prefix, malformed_fraction=0.02)
+    for path in staged:
+        os.replace(path, spec.landing_dir / path.name)
+    return [spec.landing_dir / p.name for p in staged]
+
+
+@pytest.fixture(scope="module")
+def pipelines() -> tuple[PipelineSpec, PipelineSpec]:
+    """Written before the server starts, so its first parse already has their DAGs."""
+    continuous = make_pipeline(CONTINUOUS, **{
+        "schedule": "@continuous", "spark.mode": "submit", "control.epoch_files": 2,
+        "control.group_epochs": 2, "control.poll_interval_s": 2})
+    cron = make_pipeline(CRON, **{
+        "schedule": "*/1 * * * *", "spark.mode": "in_process", "control.epoch_files": 2,
+        "control.group_epochs": 2, "control.poll_interval_s": 2})
+    land_atomically(cron, files=3, seed=7, prefix="cron")  # there before its first scheduled run
+    return continuous, cron
+
+
+@pytest.fixture(scope="module")
+def server(pipelines, tmp_path_factory) -> Iterator[standalone.Server]:
+    srv = standalone.start(tmp_path_factory.mktemp("standalone") / "airflow")
+    try:
+        yield srv
+    finally:
+        killed = standalone.stop(srv)
+        left = standalone.marked_processes(srv.marker)
+        assert not left, f"processes of the Airflow server still running: {[p.pid for p in left]}"
+        if killed:
+            print(f"[standalone] had to SIGKILL {killed}")
+
+
+@contextlib.contextmanager
+def dump_on_failure(srv: standalone.Server, dag_ids: tuple[str, ...]) -> Iterator[None]:
+    try:
+        yield
+    except BaseException:
+        print(standalone.diagnostics(srv, dag_ids))
+        raise
+
+
+def task_log(srv: standalone.Server, dag_id: str, run_id: str, task_id: str) -> str:
+    """The task's log files (all tries, and the trigger's part) as written by the server."""
+    folder = srv.home / "logs" / f"dag_id={dag_id}" / f"run_id={run_id}" / f"task_id={task_id}"
+    return "\n".join(p.read_text(errors="replace") for p in sorted(folder.glob("*.log*")))
+
+
+def assert_group_published(srv, client, dag_id: str, run_id: str, group_id: int, epoch_ids: list[int]) -> None:
+    result = standalone.xcom(client, dag_id, run_id, "checkpoint")
+    group = result["group"]
+    assert group["group_id"] == group_id, result
+    assert [e["epoch_id"] for e in group["epochs"]] == epoch_ids, result
+    assert {e["state"] for e in group["epochs"]} == {protocol.PUBLISHED}, result
+    assert result["backlog"]["files"] == 0, result
+    assert f"Published group {group_id} of {dag_id}" in task_log(srv, dag_id, run_id, "checkpoint")
+
+
+def wait_deferred(srv, client, dag_id: str, run_id: str) -> dict:
+    """The sensor of the run, once it sits deferred on the backlog trigger."""
+    ti = standalone.wait_for_task_state(srv, client, dag_id, run_id, "wait_for_backlog", {"deferred"}, 120)
+    assert ti["trigger"] and ti["trigger"]["classpath"] == TRIGGER, ti
+    return ti
+
+
+def test_pipelines_run_under_airflow_standalone(pipelines, server, spark):
+    continuous, cron = pipelines
+    started = time.monotonic()
+    with server.client() as client, dump_on_failure(server, (CONTINUOUS, CRON)):
+        standalone.wait_healthy(server, client, timeout=180)
+        for dag_id in (CONTINUOUS, CRON):
+            dag = standalone.wait_for_dag(server, client, dag_id, timeout=120)
+            assert dag["is_paused"], "new DAGs start paused"
+        print(f"[real-airflow] healthy, DAGs parsed after {time.monotonic() - started:.0f} s")
+        standalone.set_paused(client, CONTINUOUS, False)
+        standalone.set_paused(client, CRON, False)
+
+        # 1. No data yet: the first @continuous run's sensor defers into the real triggerer.
+        run1 = standalone.wait_for_run(server, client, CONTINUOUS, 0, timeout=60)["dag_run_id"]
+        wait_deferred(server, client, CONTINUOUS, run1)
+        time.sleep(5)  # let the trigger poll the empty folder a few times (poll_interval_s: 2)
+        assert standalone.task_states(client, CONTINUOUS, run1)["wait_for_backlog"] == "deferred"
+        land_atomically(continuous, files=4, seed=1, prefix="a")
+        states = standalone.wait_for_run_state(server, client, CONTINUOUS, run1, timeout=240)
+        assert all(states[t] == "success" for t in GROUP_TASKS), states
+        assert states["drain_again"] == "skipped", states  # drain is off: one group per run
+        print(f"[real-airflow] first group published after {time.monotonic() - started:.0f} s")
+
+        sensed = standalone.xcom(client, CONTINUOUS, run1, "wait_for_backlog")
+        assert sensed["reason"] == "backlog" and sensed["backlog"]["files"] == 4, sensed
+        polls = re.search(r"after (\d+) polls", task_log(server, CONTINUOUS, run1, "wait_for_backlog"))
+        assert polls and int(polls.group(1)) >= 2, "the trigger must have polled the empty folder first"
+        assert_group_published(server, client, CONTINUOUS, run1, group_id=0, epoch_ids=[0, 1])
+        log = EpochLog()
+        assert [(e.group_id, e.start, e.end) for e in log.epochs(CONTINUOUS)] == [(0, 0, 2), (0, 2, 4)]
+        assert {e.state for e in log.epochs(CONTINUOUS)} == {protocol.PUBLISHED}
+        assert log.lease_holder(CONTINUOUS) is None
+        assert_matches_oracle(spark, continuous, log)
+
+        # 2. @continuous starts the next run by itself; it waits, deferred, for the next data.
+        run2 = standalone.wait_for_run(server, client, CONTINUOUS, 1, timeout=60)["dag_run_id"]
+        assert run2 != run1
+        wait_deferred(server, client, CONTINUOUS, run2)
+        land_atomically(continuous, files=2, seed=2, prefix="b")
+        states = standalone.wait_for_run_state(server, client, CONTINUOUS, run2, timeout=240)
+        assert all(states[t] == "success" for t in GROUP_TASKS), states
+        assert_group_published(server, client, CONTINUOUS, run2, group_id=1, epoch_ids=[2])
+        epochs = log.epochs(CONTINUOUS)
+        assert [(e.group_id, e.start, e.end) for e in epochs] == [(0, 0, 2), (0, 2, 4), (1, 4, 6)]
+        assert {e.state for e in epochs} == {protocol.PUBLISHED}
+        assert_matches_oracle(spark, continuous, log)
+        print(f"[real-airflow] second group published after {time.monotonic() - started:.0f} s")
+
+        # 3. The cron pipeline (Spark inside the worker task) ran on its schedule meanwhile.
+        cron_run = standalone.wait_for_run(server, client, CRON, 0, timeout=90)
+        assert cron_run["run_type"] == "scheduled", cron_run
+        states = standalone.wait_for_run_state(server, client, CRON, cron_run["dag_run_id"], timeout=240)
+        assert all(states[t] == "success" for t in GROUP_TASKS), states
+        assert_group_published(server, client, CRON, cron_run["dag_run_id"], group_id=0, epoch_ids=[0, 1])
+        cron_epochs = log.epochs(CRON)
+        assert [(e.start, e.end) for e in cron_epochs] == [(0, 2), (2, 3)]
+        assert {e.state for e in cron_epochs} == {protocol.PUBLISHED}
+        assert_matches_oracle(spark, cron, log)
+        log.close()
+
+        for dag_id in (CONTINUOUS, CRON):
+            standalone.set_paused(client, dag_id, True)
+        output = server.log_path.read_text(errors="replace")
+        assert "Trigger failed to load code" not in output
+        print(f"[real-airflow] done after {time.monotonic() - started:.0f} s")

@@ -1,0 +1,56 @@
+"""Bad input loses nothing: a file that vanishes before its epoch runs stops the run with an
+error naming the pipeline and the file, writes nothing, and the epoch reruns with the same
+range once the file is back."""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+import pytest
+
+from sluice import protocol, service
+from sluice.errors import SourceError
+from sluice.store import EpochLog
+from tests.pipelines import assert_matches_oracle, land, make_pipeline
+
+
+def test_vanished_file_fails_clearly_then_reruns_same_range(spark, tmp_path):
+    log = EpochLog()
+    spec = make_pipeline("vanished_file", **{"control.epoch_files": 2, "control.group_epochs": 2})
+    files = land(spec, files=4, malformed_fraction=0.05)
+    planned = service.plan(spec, log, "test-owner")
+    victim = files[2]  # in epoch 1
+    stat = victim.stat()
+    shutil.move(victim, tmp_path / victim.name)
+    with pytest.raises(SourceError) as info:
+        service.run(spec, log, "test-owner", planned["group_id"], spark)
+    message = str(info.value)
+    assert "'vanished_file'" in message and str(victim) in message and "no longer in the landing folder" in message
+    epochs = log.epochs(spec.name)
+    assert epochs[0].state == protocol.COMMITTED and epochs[1].state == protocol.FAILED
+    assert str(victim) in epochs[1].error
+    service.release(spec, log, "test-owner")
+    shutil.move(tmp_path / victim.name, victim)
+    os.utime(victim, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    service.run_once(spec, log, spark, drain=True)
+    after = log.epochs(spec.name)
+    assert [(e.start, e.end) for e in after] == [(e.start, e.end) for e in epochs], "ranges never change"
+    assert_matches_oracle(spark, spec, log)
+
+
+def test_csv_source_reports_bad_rows_with_file_and_line(spark):
+    """The same contract for CSV: a row that does not parse goes to _rejected with its line."""
+    spec = make_pipeline("csv_source", base="ysb_clean",
+                         **{"source.format": "csv", "source.pattern": "*.csv"})
+    header = "user_id,page_id,ad_id,ad_type,event_type,event_time,ip_address"
+    good = "u1,p1,a1,banner,view,1767225600000,1.2.3.4"
+    (spec.landing_dir / "a.csv").write_text(f"{header}\n{good}\nu2,p2,,banner,view,1767225600001,1.2.3.4\n"
+                                            f"{good}\nu3,p3,a3,banner,view,yesterday,1.2.3.4\n")
+    log = EpochLog()
+    service.run_once(spec, log, spark, drain=True)
+    rows = spark.read.format("delta").load(spec.sinks[0].path).collect()
+    assert len(rows) == 2 and all(r["ad_id"] == "a1" for r in rows)
+    rejected = {(r["line"], r["reason"].split(":")[0]) for r in spark.read.format("delta").load(spec.rejected_table)
+                .collect()}
+    assert rejected == {(3, "missing required field 'ad_id'"), (5, "failed check 'event_time_is_epoch_ms'")}
