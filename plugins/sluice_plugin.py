@@ -7,6 +7,7 @@ the triggerer (which imports ``sluice.airflow.triggers.BacklogTrigger``) all fin
 from __future__ import annotations
 
 from airflow.plugins_manager import AirflowPlugin
+
 from sluice.api.app import app
 
 

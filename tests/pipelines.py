@@ -10,10 +10,10 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from sluice.paths import project_root
-from sluice.spec import PipelineSpec, load_spec
 
 from include.generators.ysb import expected_window_counts, generate, parse_valid
+from sluice.paths import project_root
+from sluice.spec import PipelineSpec, load_spec
 
 
 def make_pipeline(name: str, base: str = "ysb", **overrides: Any) -> PipelineSpec:

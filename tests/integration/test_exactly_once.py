@@ -13,6 +13,7 @@ import sys
 import time
 
 import pytest
+
 from sluice import protocol, service
 from sluice.errors import PipelineBusyError
 from sluice.faults import InjectedFault
@@ -20,7 +21,6 @@ from sluice.paths import project_root
 from sluice.runner import GroupRunner
 from sluice.sinks.delta import committed_txn_version
 from sluice.store import EpochLog
-
 from tests.pipelines import assert_matches_oracle, land, make_pipeline
 
 RUN_GROUP = str(project_root() / "jobs" / "run_group.py")
