@@ -98,3 +98,16 @@ def test_drain_triggers_the_next_group_run_with_the_same_conf(spark):
         assert len(triggered) == 1 and triggered[0].conf == {"drain": True, "epoch_size": 1, "k": None}
     epochs = EpochLog().epochs(spec.name)
     assert [(e.start, e.end) for e in epochs] == [(0, 1)], "one group of k=1 epoch of 1 file per DAG run"
+
+
+def test_trigger_form_params_are_validated():
+    from airflow.sdk.definitions.param import ParamsDict
+
+    dag = dagbag().dags.get("ysb")
+    with pytest.raises(Exception, match="Invalid input for param k: 0 is less than the minimum of 1"):
+        params = ParamsDict(dag.params)
+        params.update({"k": 0})
+        params.validate()
+    ok = ParamsDict(dag.params)
+    ok.update({"k": 5, "epoch_size": 2, "drain": True})
+    assert ok.validate() == {"k": 5, "epoch_size": 2, "drain": True}

@@ -499,3 +499,19 @@ def test_two_processes_race_for_the_lease(db_url):
         assert log.current_lease("raced", winner).fence == 1
     finally:
         log.close()
+
+
+def test_store_url_precedence(monkeypatch, tmp_path):
+    """$SLUICE_STORE_URL, then the Airflow connection `sluice_store`, then $AIRFLOW_HOME."""
+    from sluice.store import store_url
+
+    monkeypatch.setenv("SLUICE_STORE_URL", "sqlite:///from-env.db")
+    monkeypatch.setenv("AIRFLOW_CONN_SLUICE_STORE", "postgresql://u:secret@db:5432/sluice")
+    assert store_url() == "sqlite:///from-env.db"
+    monkeypatch.delenv("SLUICE_STORE_URL")
+    assert store_url() == "postgresql+psycopg2://u:secret@db:5432/sluice"
+    monkeypatch.setenv("AIRFLOW_CONN_SLUICE_STORE", '{"conn_type": "sqlite", "extra": {"url": "sqlite:///x.db"}}')
+    assert store_url() == "sqlite:///x.db"
+    monkeypatch.delenv("AIRFLOW_CONN_SLUICE_STORE")
+    monkeypatch.setenv("AIRFLOW_HOME", str(tmp_path))
+    assert store_url() == f"sqlite:///{tmp_path}/sluice.db"
