@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from sluice import protocol
@@ -30,17 +31,35 @@ class SinkCommit:
     replayed: bool  # True when the table already held the epoch and nothing was written
 
 
+def _snapshot(spark: SparkSession, path: str) -> Any:  # a py4j handle on Delta's Snapshot
+    jvm = spark._jvm
+    log = jvm.org.apache.spark.sql.delta.DeltaLog.forTable(spark._jsparkSession, path)
+    return log.update(False, jvm.scala.Option.empty(), jvm.scala.Option.empty())
+
+
 def committed_txn_version(spark: SparkSession, path: str, app_id: str) -> int | None:
     """The last txnVersion Delta recorded for ``app_id`` in the table at ``path``."""
     from delta.tables import DeltaTable
 
     if not DeltaTable.isDeltaTable(spark, path):
         return None
-    jvm = spark._jvm
-    log = jvm.org.apache.spark.sql.delta.DeltaLog.forTable(spark._jsparkSession, path)
-    snapshot = log.update(False, jvm.scala.Option.empty(), jvm.scala.Option.empty())
-    version = snapshot.transactions().get(app_id)
+    version = _snapshot(spark, path).transactions().get(app_id)
     return int(version.get()) if version.isDefined() else None
+
+
+def _commit_metadata(path: str, version: int) -> dict[str, Any] | None:
+    """userMetadata of commit ``version`` of a table on the local file system, read straight
+    from its ``_delta_log`` JSON (no Spark job); None if unreadable or absent."""
+    log_file = Path(path) / "_delta_log" / f"{version:020d}.json"
+    try:
+        with open(log_file) as fh:
+            for line in fh:
+                info = json.loads(line).get("commitInfo")
+                if info is not None:
+                    return json.loads(info["userMetadata"]) if info.get("userMetadata") else None
+    except (OSError, ValueError):
+        return None
+    return None
 
 
 def find_epoch_version(spark: SparkSession, path: str, app_id: str, epoch_id: int,
@@ -50,13 +69,23 @@ def find_epoch_version(spark: SparkSession, path: str, app_id: str, epoch_id: in
     from delta.tables import DeltaTable
     from pyspark.sql import functions as F
 
+    def matches(meta: dict[str, Any] | None) -> bool:
+        return bool(meta) and meta.get("app_id") == app_id and meta.get("epoch") == epoch_id
+
+    if "://" not in path or path.startswith("file:"):  # local table: read the newest commits directly
+        latest = int(_snapshot(spark, path).version())
+        local = path.removeprefix("file:")
+        for version in range(latest, max(-1, latest - (limit or latest + 1)), -1):
+            if matches(_commit_metadata(local, version)):
+                return version
+        return None  # history() would read the same commit files
     hist = DeltaTable.forPath(spark, path).history(limit).where(F.col("userMetadata").isNotNull())
     for row in hist.select("version", "userMetadata").collect():
         try:
             meta = json.loads(row["userMetadata"])
         except (TypeError, ValueError):
             continue
-        if meta.get("app_id") == app_id and meta.get("epoch") == epoch_id:
+        if matches(meta):
             return int(row["version"])
     return None
 
