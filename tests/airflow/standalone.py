@@ -304,17 +304,19 @@ def wait_for_run_state(server: Server, client: httpx.Client, dag_id: str, run_id
 # -- diagnostics -----------------------------------------------------------------------------
 
 
-def tail(path: Path, lines: int = 80) -> str:
+def tail(path: Path, lines: int = 80, skip: str | None = None) -> str:
+    """The last ``lines`` lines of a file, leaving out those containing ``skip``."""
     try:
         text = path.read_text(errors="replace").splitlines()
     except OSError as exc:
         return f"<{path}: {exc}>"
-    return "\n".join(text[-lines:])
+    return "\n".join([line for line in text if not (skip and skip in line)][-lines:])
 
 
 def diagnostics(server: Server, dag_ids: tuple[str, ...] = (), lines: int = 60) -> str:
     """The tail of the server's output and of the task (and trigger) logs of ``dag_ids``."""
-    parts = [f"===== {server.log_path} =====", tail(server.log_path, lines * 2)]
+    parts = [f"===== {server.log_path} (without the api-server's access log) =====",
+             tail(server.log_path, lines * 2, skip="[http.access]")]
     logs = server.home / "logs"
     for dag_id in dag_ids:
         for path in sorted(logs.glob(f"dag_id={dag_id}/**/*.log*"), key=lambda p: p.stat().st_mtime)[-8:]:

@@ -31,6 +31,9 @@ def test_every_spec_becomes_a_dag_without_import_errors():
     assert "*/10 * * * *" in repr(bag.dags.get("ysb_clean").timetable)
     sensor = bag.dags.get("ysb").get_task("wait_for_backlog")
     assert sensor.deferrable and sensor.soft_fail
+    assert sensor.timeout == 6 * 3600, "@continuous: wait up to the spec's sensor_timeout_s"
+    cron_sensor = bag.dags.get("ysb_clean").get_task("wait_for_backlog")
+    assert cron_sensor.timeout == cron_sensor.poke_interval, "a scheduled run with no data skips after one poll"
     assert type(bag.dags.get("ysb").get_task("run_group")).__name__ == "SparkSubmitOperator"
     assert type(bag.dags.get("ysb_clean").get_task("run_group")).__name__ == "RunGroupOperator"
 
@@ -45,6 +48,7 @@ def test_a_broken_spec_is_an_import_error_naming_file_and_field(tmp_path, monkey
         bag = dagbag()
         errors = "\n".join(bag.import_errors.values())
         assert "broken_spec.yaml" in errors and "control.epoch_files" in errors, errors
+        assert {"ysb", "ysb_clean"} <= set(bag.dags), "a broken spec must not hide the other pipelines"
     finally:
         bad.unlink()
 

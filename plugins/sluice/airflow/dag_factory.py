@@ -19,7 +19,7 @@ from airflow.sdk import DAG, Param
 
 from sluice.airflow.operators import CheckpointOperator, PlanGroupOperator, RunGroupOperator
 from sluice.airflow.sensors import BacklogSensor
-from sluice.paths import project_root
+from sluice.paths import jars_dir, project_root
 from sluice.spark import DELTA_JAR_NAMES, spark_conf
 from sluice.spec import PipelineSpec
 
@@ -51,12 +51,17 @@ def build_dag(spec: PipelineSpec) -> DAG:
         default_args={"retries": 1, "retry_delay": timedelta(seconds=10)},
     )
     with dag:
+        # @continuous: wait as long as the spec allows (a timed-out wait skips the run, and
+        # the next run starts waiting). A scheduled run that finds nothing skips after one
+        # poll instead, so it never blocks the next scheduled run (max_active_runs=1).
+        continuous = spec.schedule == "@continuous"
         wait = BacklogSensor(task_id="wait_for_backlog", pipeline=spec.name,
-                             poke_interval=spec.control.poll_interval_s, timeout=spec.control.sensor_timeout_s,
+                             poke_interval=spec.control.poll_interval_s,
+                             timeout=spec.control.sensor_timeout_s if continuous else spec.control.poll_interval_s,
                              soft_fail=True, retries=0)
         plan = PlanGroupOperator(task_id="plan_group", pipeline=spec.name)
         if spec.spark.mode == "submit":
-            jars = project_root() / "var" / "jars"
+            jars = jars_dir()
             run = SparkSubmitOperator(
                 task_id="run_group",
                 application=str(project_root() / "jobs" / "run_group.py"),

@@ -9,22 +9,25 @@ from typing import Any
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
+from sluice.store import EpochLog
 
-def check_backlog(pipeline: str, store_url: str | None, min_files: int) -> dict[str, Any] | None:
+
+def check_backlog(pipeline: str, store_url: str | None, min_files: int,
+                  epoch_log: EpochLog | None = None) -> dict[str, Any] | None:
     """One poll: the backlog as a dict when a group should start, else ``None``.
 
-    Blocking (file listing, SQL): the trigger runs it in a thread.
+    Blocking (file listing, SQL): the trigger runs it in a thread, with its own ``EpochLog``.
     """
     from sluice.sources import FileSource
     from sluice.spec import get_spec
-    from sluice.store import EpochLog
 
     spec = get_spec(pipeline)
-    log = EpochLog(store_url)
+    log = epoch_log or EpochLog(store_url)
     try:
         backlog = FileSource(spec, log).backlog()
     finally:
-        log.close()
+        if epoch_log is None:
+            log.close()
     if backlog.files >= min_files:
         return backlog.as_dict()
     return None
@@ -54,16 +57,22 @@ class BacklogTrigger(BaseTrigger):
     async def run(self) -> AsyncIterator[TriggerEvent]:
         started = time.monotonic()
         polls = 0
-        while True:
-            polls += 1
-            try:
-                backlog = await asyncio.to_thread(check_backlog, self.pipeline, self.store_url, self.min_files)
-            except Exception as exc:  # reported to the sensor, which fails with it
-                yield TriggerEvent({"status": "error", "pipeline": self.pipeline,
-                                    "message": f"{type(exc).__name__}: {exc}"})
-                return
-            if backlog is not None:
-                yield TriggerEvent({"status": "ready", "pipeline": self.pipeline, "backlog": backlog,
-                                    "waited_s": round(time.monotonic() - started, 3), "polls": polls})
-                return
-            await asyncio.sleep(self.poll_interval)
+        # One store connection pool for the life of the trigger (not one per poll).
+        epoch_log = await asyncio.to_thread(EpochLog, self.store_url)
+        try:
+            while True:
+                polls += 1
+                try:
+                    backlog = await asyncio.to_thread(check_backlog, self.pipeline, self.store_url, self.min_files,
+                                                      epoch_log)
+                except Exception as exc:  # reported to the sensor, which fails with it
+                    yield TriggerEvent({"status": "error", "pipeline": self.pipeline,
+                                        "message": f"{type(exc).__name__}: {exc}"})
+                    return
+                if backlog is not None:
+                    yield TriggerEvent({"status": "ready", "pipeline": self.pipeline, "backlog": backlog,
+                                        "waited_s": round(time.monotonic() - started, 3), "polls": polls})
+                    return
+                await asyncio.sleep(self.poll_interval)
+        finally:
+            epoch_log.close()
