@@ -15,7 +15,7 @@ from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowSkipException
 
 from sluice import service
-from sluice.spec import get_spec
+from sluice.spec import PipelineSpec, get_spec
 from sluice.store import EpochLog, store_url
 
 
@@ -59,30 +59,38 @@ class PlanGroupOperator(BaseOperator):
         return dict(group, store_url=url)
 
 
-class RunGroupOperator(BaseOperator):
-    """Run the planned group in a SparkSession inside this task (``spark.mode: in_process``)."""
+class _PlannedGroupOperator(BaseOperator):
+    """A step on the group ``plan_group`` planned in this DAG run, under this run's lease."""
 
     template_fields: Sequence[str] = ("pipeline",)
-    ui_color = "#fce3c8"
 
     def __init__(self, *, pipeline: str, plan_task_id: str = "plan_group", **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.pipeline = pipeline
         self.plan_task_id = plan_task_id
 
+    def planned(self, context: Any) -> tuple[PipelineSpec, dict[str, Any], str]:
+        """The spec, the planned group record, and this run's lease owner."""
+        owner = lease_owner(context["dag"].dag_id, context["run_id"])
+        return get_spec(self.pipeline), context["ti"].xcom_pull(task_ids=self.plan_task_id), owner
+
+
+class RunGroupOperator(_PlannedGroupOperator):
+    """Run the planned group in a SparkSession inside this task (``spark.mode: in_process``)."""
+
+    ui_color = "#fce3c8"
+
     def execute(self, context: Any) -> dict[str, Any]:
         from pyspark.sql import SparkSession
 
         from sluice.spark import get_session
 
-        spec = get_spec(self.pipeline)
-        planned = context["ti"].xcom_pull(task_ids=self.plan_task_id)
+        spec, planned, owner = self.planned(context)
         log = EpochLog(planned["store_url"])
         reused = SparkSession.getActiveSession() is not None  # dag.test() in a process with Spark
         spark = get_session(f"sluice-{spec.name}", extra_conf=spec.spark.conf)
         try:
-            group = service.run(spec, log, lease_owner(context["dag"].dag_id, context["run_id"]),
-                                planned["group_id"], spark)
+            group = service.run(spec, log, owner, planned["group_id"], spark)
         finally:
             if not reused:
                 spark.stop()
@@ -91,25 +99,17 @@ class RunGroupOperator(BaseOperator):
         return {"group_id": group["group_id"], "epochs": [e["epoch_id"] for e in group["epochs"]]}
 
 
-class CheckpointOperator(BaseOperator):
+class CheckpointOperator(_PlannedGroupOperator):
     """Publish the group (its epochs become ``published``, JSON records are written next to
     each table) and release the lease. Returns the group and the remaining backlog."""
 
-    template_fields: Sequence[str] = ("pipeline",)
     ui_color = "#d9d2f4"
 
-    def __init__(self, *, pipeline: str, plan_task_id: str = "plan_group", **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self.pipeline = pipeline
-        self.plan_task_id = plan_task_id
-
     def execute(self, context: Any) -> dict[str, Any]:
-        spec = get_spec(self.pipeline)
-        planned = context["ti"].xcom_pull(task_ids=self.plan_task_id)
+        spec, planned, owner = self.planned(context)
         log = EpochLog(planned["store_url"])
         try:
-            result = service.checkpoint(spec, log, lease_owner(context["dag"].dag_id, context["run_id"]),
-                                        planned["group_id"])
+            result = service.checkpoint(spec, log, owner, planned["group_id"])
         finally:
             log.close()
         self.log.info("Published group %s of %s:\n%s\nBacklog left: %s", planned["group_id"], spec.name,
