@@ -89,6 +89,7 @@ def main() -> int:
     match = counts == dict(expected)
     print(f"matches the oracle computed from the raw files: {'yes' if match else 'NO'}")
     rejected = spark.read.format("delta").load(spec.rejected_table).count() if Path(spec.rejected_table).exists() else 0
+    spark.stop()  # before the summary, so Spark's shutdown lines do not follow it
 
     step("epoch log")
     summary = epoch_log.summary("ysb")
