@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 from sluice.runner import GroupRunner, publish
 from sluice.sources import FileSource
 from sluice.spec import PipelineSpec
-from sluice.store import EpochLog, Lease
+from sluice.store import EpochLog
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -102,5 +102,3 @@ def run_once(spec: PipelineSpec, epoch_log: EpochLog, spark: SparkSession | Call
             break
     return done
 
-
-__all__ = ["Lease", "checkpoint", "plan", "release", "run", "run_once"]

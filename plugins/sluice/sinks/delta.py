@@ -158,9 +158,6 @@ class DeltaSink:
             for key in _TXN_CONFS:
                 conf.unset(key)
 
-    def read(self, spark: SparkSession) -> DataFrame:
-        return spark.read.format("delta").load(self.path)
-
 
 def rejected_sink(pipeline: str, path: str) -> DeltaSink:
     """The rejected-records table: malformed input with its epoch, file and line."""
