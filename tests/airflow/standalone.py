@@ -27,7 +27,6 @@ from typing import Any, TypeVar
 import httpx
 import psutil
 
-ROOT = Path(__file__).resolve().parents[2]
 MARKER = "SLUICE_STANDALONE_ID"
 T = TypeVar("T")
 
@@ -58,16 +57,12 @@ class Server:
 
 def server_env(home: Path, port: int) -> dict[str, str]:
     """The server's environment: the test session's (``SLUICE_*``, ``AIRFLOW_CONN_SPARK_DEFAULT``,
-    ``PYSPARK_PYTHON``) with its own Airflow home, DB and ports, and the venv first on PATH."""
+    ``PYSPARK_PYTHON``, the DAG and plugins folders, the venv first on PATH; see
+    ``tests/conftest.py``) with its own Airflow home, DB and ports."""
     env = {k: v for k, v in os.environ.items() if k != "AIRFLOW__CORE__UNIT_TEST_MODE"}
-    venv_bin = str(Path(sys.executable).parent)
     env.update({
-        "PATH": f"{venv_bin}{os.pathsep}{os.environ.get('PATH', '')}",
         "AIRFLOW_HOME": str(home),
         "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{home / 'airflow.db'}",
-        "AIRFLOW__CORE__DAGS_FOLDER": str(ROOT / "dags"),
-        "AIRFLOW__CORE__PLUGINS_FOLDER": str(ROOT / "plugins"),
-        "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
         "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS": "True",
         "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"http://127.0.0.1:{port}/execution/",
         "AIRFLOW__API__HOST": "127.0.0.1",
@@ -117,35 +112,34 @@ def marked_processes(marker: str) -> list[psutil.Process]:
     return found
 
 
+def _signal_all(server: Server, sig: signal.Signals) -> list[int]:
+    """Send ``sig`` to the server's process group and to every marked process (task processes
+    and spark-submit JVMs run in groups of their own). Returns the marked pids signalled."""
+    try:
+        os.killpg(server.proc.pid, sig)
+    except ProcessLookupError:
+        pass
+    signalled = []
+    for p in marked_processes(server.marker):
+        try:
+            p.send_signal(sig)
+            signalled.append(p.pid)
+        except psutil.NoSuchProcess:
+            pass
+    return signalled
+
+
 def stop(server: Server, grace_s: float = 30.0) -> list[int]:
     """SIGTERM the server's process group and every marked process, wait, then SIGKILL what is
     left. Returns the pids that needed SIGKILL."""
-    try:
-        os.killpg(server.proc.pid, signal.SIGTERM)
-    except ProcessLookupError:
-        pass
-    for p in marked_processes(server.marker):
-        try:
-            p.terminate()
-        except psutil.NoSuchProcess:
-            pass
+    _signal_all(server, signal.SIGTERM)
     deadline = time.monotonic() + grace_s
     while time.monotonic() < deadline:
         server.proc.poll()
         if server.proc.returncode is not None and not marked_processes(server.marker):
             break
         time.sleep(0.5)
-    killed = []
-    try:
-        os.killpg(server.proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    for p in marked_processes(server.marker):
-        try:
-            p.kill()
-            killed.append(p.pid)
-        except psutil.NoSuchProcess:
-            pass
+    killed = _signal_all(server, signal.SIGKILL)
     try:
         server.proc.wait(timeout=10)
     except subprocess.TimeoutExpired:

@@ -9,6 +9,7 @@ run has taken the lease over.
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -39,7 +40,7 @@ def store_url() -> str:
     url = os.environ.get("SLUICE_STORE_URL")
     if url:
         return url
-    if os.environ.get("AIRFLOW_CONN_SLUICE_STORE") or "airflow.sdk" in _loaded_modules():
+    if os.environ.get("AIRFLOW_CONN_SLUICE_STORE") or "airflow.sdk" in sys.modules:
         url = _airflow_connection_url()
         if url:
             return url
@@ -49,12 +50,6 @@ def store_url() -> str:
     from sluice.paths import data_dir
 
     return f"sqlite:///{data_dir() / 'sluice.db'}"
-
-
-def _loaded_modules() -> set[str]:
-    import sys
-
-    return set(sys.modules)
 
 
 def _airflow_connection_url() -> str | None:
