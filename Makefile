@@ -17,13 +17,15 @@ export PYSPARK_PYTHON := $(PY)
 export PATH := $(VENV)/bin:$(PATH)
 export PYTHONPATH := $(CURDIR)/plugins:$(CURDIR)
 
-.PHONY: help setup venv jars demo test lint airflow generate clean
+.PHONY: help setup venv jars demo test lint airflow generate store-rebuild bench-control clean
 
 help:
 	@echo "make demo      set up, generate YSB data, run the ysb DAG through Airflow, print results"
 	@echo "make test      set up, then lint and run the whole test suite"
 	@echo "make airflow   start Airflow (standalone) on http://localhost:8080 with sluice's DAGs"
 	@echo "make generate  land more YSB data (RATE=, DURATION=, FILES_PER_SECOND=, SEED=, LATE=, OUT=)"
+	@echo "make store-rebuild PIPELINE=<name>  rebuild a lost epoch store from the tables' epoch records"
+	@echo "make bench-control  simulate the adaptive controllers on rate traces (bench/results/control.*)"
 
 setup: venv jars
 
@@ -66,6 +68,13 @@ OUT ?= var/landing/ysb
 generate: venv
 	@$(PY) -m include.generators.ysb --out $(OUT) --rate $(RATE) --duration $(DURATION) \
 		--files-per-second $(FILES_PER_SECOND) --seed $(SEED) --late-fraction $(LATE)
+
+store-rebuild: setup
+	@test -n "$(PIPELINE)" || { echo "usage: make store-rebuild PIPELINE=<name>"; exit 2; }
+	@$(PY) jobs/rebuild_store.py --pipeline $(PIPELINE)
+
+bench-control: venv
+	@$(PY) -m bench.control
 
 clean:
 	rm -rf var/landing var/tables var/airflow var/sluice.db* var/demo

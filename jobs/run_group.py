@@ -35,7 +35,8 @@ if TYPE_CHECKING:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="run_group", description=__doc__.splitlines()[0])
     parser.add_argument("--pipeline", required=True)
-    parser.add_argument("--group", type=int, help="run this planned group")
+    parser.add_argument("--group", help="run the group this owner planned (its id, or None when the plan "
+                                        "step only recorded a rollback)")
     parser.add_argument("--owner", help="lease owner (default: this process)")
     parser.add_argument("--plan", action="store_true", help="plan the next group first, then publish it")
     parser.add_argument("--drain", action="store_true", help="with --plan: repeat until the backlog is empty")
@@ -45,6 +46,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if (args.group is None) == (not args.plan):
         parser.error("give exactly one of --group or --plan")
+    group_id = None if args.group in (None, "None", "") else int(args.group)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     spec = get_spec(args.pipeline)
     epoch_log = EpochLog(args.store_url or os.environ.get("SLUICE_STORE_URL"))
@@ -55,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
         result: object = service.run_once(spec, epoch_log, spark, owner=args.owner, epoch_size=args.epoch_size,
                                           k=args.k, drain=args.drain)
     else:
-        result = service.run(spec, epoch_log, args.owner or service.cli_owner(), args.group, spark())
+        result = service.run(spec, epoch_log, args.owner or service.cli_owner(), group_id, spark())
     print(json.dumps(result, default=str))
     return 0
 

@@ -25,3 +25,8 @@ class FencedError(SluiceError):
 
 class ProtocolError(SluiceError):
     """The epoch log would break an invariant (contiguity, state order)."""
+
+
+class PipelineHaltedError(SluiceError):
+    """The pipeline stopped on a failure an operator must look at (validation under the
+    ``fail`` policy, an epoch failing repeatedly, a rollback left half done)."""

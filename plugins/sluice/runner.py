@@ -12,15 +12,16 @@ import json
 import logging
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from sluice import faults, protocol
+from sluice import faults, protocol, validation
 from sluice.errors import FencedError, SluiceError
 from sluice.paths import project_root
 from sluice.sinks.delta import DeltaSink, SinkCommit, describe, rejected_sink
 from sluice.sources import FileSource
-from sluice.spec import PipelineSpec
+from sluice.spec import PipelineSpec, SinkSpec
 from sluice.store import Epoch, EpochLog, Group, Lease
 
 if TYPE_CHECKING:
@@ -34,16 +35,21 @@ REJECTED_COLUMNS = ("pipeline", "epoch", "generation", "file", "line", "reason",
 
 
 def load_transform(name: str) -> Callable[..., Any]:
-    """Import ``module.function`` from ``jobs/transforms``."""
-    module_name, _, func = name.partition(".")
+    """Import ``module.function`` from ``jobs/transforms``, or ``package.module.function``
+    from anywhere on the Python path."""
+    module_name, _, func = name.rpartition(".")
     jobs = str(project_root() / "jobs")
     if jobs not in sys.path:
         sys.path.insert(0, jobs)
-    module = importlib.import_module(f"transforms.{module_name}")
+    where = f"jobs/transforms/{module_name}.py" if "." not in module_name else module_name
+    try:
+        module = importlib.import_module(f"transforms.{module_name}" if "." not in module_name else module_name)
+    except ModuleNotFoundError as exc:
+        raise SluiceError(f"transform {name!r}: cannot import {where}: {exc}") from None
     try:
         return getattr(module, func)
     except AttributeError:
-        raise SluiceError(f"transform {name!r}: jobs/transforms/{module_name}.py has no {func}()") from None
+        raise SluiceError(f"transform {name!r}: {where} has no {func}()") from None
 
 
 def load_reference(spark: SparkSession, spec: PipelineSpec) -> dict[str, DataFrame]:
@@ -92,6 +98,7 @@ class GroupRunner:
         self.sinks = [DeltaSink(spec.name, s) for s in spec.sinks]
         self.rejected = rejected_sink(spec.name, spec.rejected_table)
         self.transform = load_transform(spec.transform)
+        self.suites = {s.name: validation.load_suite(s.expectations) for s in spec.sinks if s.expectations}
         self._refs: dict[str, DataFrame] | None = None
 
     @property
@@ -101,34 +108,80 @@ class GroupRunner:
         return self._refs
 
     def run(self, lease: Lease, group: Group) -> Group:
+        """Process the group's unwritten epochs in order. Under the ``fail`` policy an epoch
+        that fails validation is recorded as failed and the group stops there: nothing of it
+        or of later epochs is written, and the ``validate`` step halts the pipeline."""
         faults.maybe_fail("after_plan")
         for epoch in group.epochs:
             if epoch.state in (protocol.COMMITTED, protocol.PUBLISHED):
                 continue
             self.log.renew_lease(lease, self.spec.control.lease_ttl_s)
             try:
-                self.run_epoch(lease, epoch)
+                committed = self.run_epoch(lease, epoch)
             except FencedError:
                 raise
             except Exception as exc:
-                self.log.mark_failed(lease, epoch, f"{type(exc).__name__}: {exc}")
-                raise
+                message = _short_error(exc)
+                if isinstance(exc, SluiceError | faults.InjectedFault):
+                    self.log.mark_failed(lease, epoch, message)
+                    raise
+                poison = self.locate_poison(epoch)
+                if poison:
+                    message += f" -- poison record at {poison[0]} line {poison[1]}: {poison[2][:500]}"
+                self.log.mark_failed(lease, epoch, message)
+                raise SluiceError(f"pipeline {self.spec.name!r} epoch {epoch.epoch_id} "
+                                  f"(offsets [{epoch.start}, {epoch.end})) failed: {message}") from exc
+            if not committed:
+                break
+        self.maybe_optimize(group)
         return self.log.group(self.spec.name, group.group_id)
 
-    def run_epoch(self, lease: Lease, epoch: Epoch) -> dict[str, Any]:
+    def _outputs(self, valid: DataFrame) -> dict[str, DataFrame]:
+        outputs = self.transform(valid, self.refs)
+        if not isinstance(outputs, dict):
+            outputs = {self.sinks[0].spec.name: outputs}
+        return outputs
+
+    def run_epoch(self, lease: Lease, epoch: Epoch) -> bool:
+        """Read, transform, validate and write one epoch; returns False when it failed
+        validation under the ``fail`` policy (nothing written)."""
         timings: dict[str, float] = {}
         t0 = time.monotonic()
         self.log.start_attempt(lease, epoch)
         records = self.source.read(self.spark, epoch.start, epoch.end).persist()
+        policy = self.spec.validation.policy
         try:
             valid, rejected = split_rejected(records, self.spec, epoch)
-            outputs = self.transform(valid, self.refs)
-            if not isinstance(outputs, dict):
-                outputs = {self.sinks[0].spec.name: outputs}
+            outputs = self._outputs(valid)
             n_input = records.count()
             timings["read_s"] = round(time.monotonic() - t0, 3)
+            results: dict[str, validation.SinkValidation] = {}
+            quarantined: list[tuple[DeltaSink, DataFrame]] = []
+            for sink in self.sinks:
+                suite = self.suites.get(sink.spec.name)
+                if suite is None:
+                    continue
+                t_val = time.monotonic()
+                result, outputs[sink.spec.name], bad = validation.validate(
+                    sink.spec.name, outputs[sink.spec.name], suite, locate_rows=policy == "quarantine")
+                if bad is not None:
+                    result = replace(result, quarantined=bad.count())
+                    quarantined.append((quarantine_sink(self.spec, sink.spec.name),
+                                        quarantine_rows(bad, self.spec, sink.spec.name, epoch)))
+                results[sink.spec.name] = result
+                timings[f"validate_{sink.spec.name}_s"] = round(time.monotonic() - t_val, 3)
+            recorded = {name: r.as_dict() for name, r in results.items()} or None
+            failures = {name: r for name, r in results.items() if not r.success}
+            for name, r in failures.items():
+                log.warning("pipeline %s epoch %s: sink %s failed validation (%s): %s", self.spec.name,
+                            epoch.epoch_id, name, policy, r.describe())
+            if failures and policy == "fail":
+                self.log.mark_failed(lease, epoch, "validation failed: " + validation.describe(recorded),
+                                     validation=recorded, rows={"input": n_input})
+                return False
             commits: list[SinkCommit] = []
-            writes = [(self.rejected, rejected, True)] + [(s, outputs[s.spec.name], False) for s in self.sinks]
+            writes = ([(self.rejected, rejected, True)] + [(q, frame, True) for q, frame in quarantined]
+                      + [(s, outputs[s.spec.name], False) for s in self.sinks])
             for i, (sink, frame, skip_empty) in enumerate(writes):
                 if i > 0 and any(c.version is not None for c in commits):
                     faults.maybe_fail("mid_write", epoch.epoch_id)
@@ -140,38 +193,171 @@ class GroupRunner:
         finally:
             records.unpersist()
         faults.maybe_fail("after_delta_commit", epoch.epoch_id)
-        rejected_rows = commits[0].rows
+        sink_names = {s.spec.name for s in self.sinks}
         timings["epoch_s"] = round(time.monotonic() - t0, 3)
-        rows = {"input": n_input, "rejected": rejected_rows,
-                "output": sum(c.rows for c in commits[1:])}
+        rows = {"input": n_input, "rejected": commits[0].rows,
+                "quarantined": sum(r.quarantined for r in results.values()),
+                "output": sum(c.rows for c in commits if c.sink in sink_names)}
         self.log.mark_committed(lease, epoch, delta_versions={c.sink: c.version for c in commits},
-                                rows=rows, timings=timings)
+                                rows=rows, timings=timings, validation=recorded)
         result = {"epoch": epoch.epoch_id, "range": [epoch.start, epoch.end], "rows": rows,
                   "commits": [describe(c) for c in commits], "timings": timings}
         log.info("pipeline %s epoch %s committed: %s", self.spec.name, epoch.epoch_id, json.dumps(result))
-        return result
+        return True
+
+    def locate_poison(self, epoch: Epoch, max_probes: int = 40) -> tuple[str, int, str] | None:
+        """The first record of the epoch that alone makes the transform fail, by bisection
+        over its files, then its lines (each probe evaluates the transform on a subset without
+        writing). ``None`` when the failure does not come from one record."""
+        from pyspark.sql import functions as F
+
+        probes = 0
+        try:
+            records = self.source.read(self.spark, epoch.start, epoch.end).persist()
+        except Exception:
+            return None
+
+        def fails(cond: Any) -> bool:
+            nonlocal probes
+            probes += 1
+            valid, _ = split_rejected(records.where(cond), self.spec, epoch)
+            try:
+                for frame in self._outputs(valid).values():
+                    frame.write.format("noop").mode("overwrite").save()
+            except Exception:
+                return True
+            return False
+
+        quiet = _QuietErrors(self.spark)  # each failing probe would log a full stack trace
+        try:
+            quiet.__enter__()
+            files = [r["_file"] for r in records.select("_file").distinct().orderBy("_file").collect()]
+            if not files or not fails(F.lit(True)):
+                return None
+            lo, hi = 0, len(files) - 1  # the first failing file: files[:i+1] fail, files[:i] do not
+            while lo < hi and probes < max_probes:
+                mid = (lo + hi) // 2
+                if fails(F.col("_file").isin(files[: mid + 1])):
+                    hi = mid
+                else:
+                    lo = mid + 1
+            path = files[lo]
+            in_file = F.col("_file") == path
+            last = records.where(in_file).agg(F.max("_line")).first()[0]
+            lo, hi = 1, int(last)
+            while lo < hi and probes < max_probes:
+                mid = (lo + hi) // 2
+                if fails(in_file & (F.col("_line") <= mid)):
+                    hi = mid
+                else:
+                    lo = mid + 1
+            if probes >= max_probes or not fails(in_file & (F.col("_line") == lo)):
+                return None
+            row = records.where(in_file & (F.col("_line") == lo)).first()
+            fields = {k: row[k] for k in self.spec.source.schema_}
+            return path, lo, row["_corrupt_record"] or json.dumps(fields)
+        finally:
+            quiet.__exit__()
+            records.unpersist()
+
+    def maybe_optimize(self, group: Group) -> None:
+        """Compact the sinks every ``control.optimize_every_groups`` groups (many small epochs
+        leave many small files). OPTIMIZE commits carry no txn id and change no rows."""
+        every = self.spec.control.optimize_every_groups
+        if not every or (group.group_id + 1) % every:
+            return
+        from delta.tables import DeltaTable
+
+        for sink in self.sinks:
+            if DeltaTable.isDeltaTable(self.spark, sink.path):
+                t0 = time.monotonic()
+                metrics = DeltaTable.forPath(self.spark, sink.path).optimize().executeCompaction().first()
+                log.info("pipeline %s: OPTIMIZE %s after group %s in %.1f s: %s", self.spec.name, sink.path,
+                         group.group_id, time.monotonic() - t0, metrics["metrics"] if metrics else None)
 
 
-def write_epoch_records(spec: PipelineSpec, group: Group) -> list[str]:
+class _QuietErrors:
+    """Silence Spark's error logs (JVM and PySpark's query-context logger) for a while."""
+
+    def __init__(self, spark: SparkSession) -> None:
+        self.spark = spark
+        self.py_logger = logging.getLogger("DataFrameQueryContextLogger")
+        self.saved: tuple[Any, int] | None = None
+
+    def __enter__(self) -> None:
+        try:
+            jvm_root = self.spark._jvm.org.apache.logging.log4j.LogManager.getRootLogger()
+            self.saved = (jvm_root.getLevel().toString(), self.py_logger.level)
+        except Exception:  # not a classic session: nothing to quiet
+            return
+        self.spark.sparkContext.setLogLevel("OFF")
+        self.py_logger.setLevel(logging.CRITICAL + 1)
+
+    def __exit__(self, *_: Any) -> None:
+        if self.saved is not None:
+            self.spark.sparkContext.setLogLevel(self.saved[0])
+            self.py_logger.setLevel(self.saved[1])
+
+
+def _short_error(exc: BaseException) -> str:
+    """The first line of an exception (Spark's carry a JVM stack trace), capped."""
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0][:1000] if text else ''}"
+
+
+def quarantine_sink(spec: PipelineSpec, sink: str) -> DeltaSink:
+    """The quarantine table (one per pipeline) as written for ``sink``: its own txn app id."""
+    return DeltaSink(spec.name, SinkSpec.model_construct(name=f"_quarantine_{sink}", mode="append",
+                                                         path=spec.quarantine_table, keys=[], sums=[]))
+
+
+def quarantine_rows(bad: DataFrame, spec: PipelineSpec, sink: str, epoch: Epoch) -> DataFrame:
+    """Rows that failed validation, with where they came from and what they broke."""
+    from pyspark.sql import functions as F
+
+    columns = [c for c in bad.columns if c != "expectations"]
+    return bad.select(
+        F.lit(spec.name).alias("pipeline"), F.lit(sink).alias("sink"), F.lit(epoch.epoch_id).alias("epoch"),
+        F.lit(epoch.generation).alias("generation"), F.lit(epoch.start).cast("long").alias("range_start"),
+        F.lit(epoch.end).cast("long").alias("range_end"), F.col("expectations"),
+        F.to_json(F.struct(*[F.col(f"`{c}`") for c in columns]), {"ignoreNullFields": "false"}).alias("record"))
+
+
+def write_epoch_records(spec: PipelineSpec, epoch_log: EpochLog, group: Group) -> list[str]:
     """Human-readable JSON records of published epochs next to each table
-    (``<table>/_sluice/epochs/``): Delta ignores ``_``-prefixed folders, and the store can be
-    rebuilt from them."""
+    (``<table>/_sluice/epochs/``): Delta ignores ``_``-prefixed folders. Each names the files of
+    its range, so the store (manifest included) can be rebuilt from them alone."""
     written = []
+    files = {e.epoch_id: [[f.path, f.size, f.mtime] for f in epoch_log.manifest(spec.name, e.start, e.end)]
+             for e in group.epochs}
     for sink in spec.sinks:
         folder = Path(sink.path) / "_sluice" / "epochs"
         folder.mkdir(parents=True, exist_ok=True)
         for epoch in group.epochs:
             path = folder / f"{epoch.epoch_id:09d}-g{epoch.generation}.json"
-            record = dict(epoch.as_record(), sink=sink.name, version=epoch.delta_versions.get(sink.name))
-            tmp = path.with_name("." + path.name)
-            tmp.write_text(json.dumps(record, indent=2, sort_keys=True))
-            tmp.replace(path)
+            record = dict(epoch.as_record(), sink=sink.name, version=epoch.delta_versions.get(sink.name),
+                          files=files[epoch.epoch_id])
+            _write_json(path, record)
             written.append(str(path))
     return written
+
+
+def write_rollback_record(spec: PipelineSpec, record: dict[str, Any]) -> None:
+    """Note a rollback next to each table (``_sluice/rollbacks/g<new generation>.json``): a
+    store rebuilt from the epoch records must not revive the epochs it rolled back."""
+    for sink in spec.sinks:
+        _write_json(Path(sink.path) / "_sluice" / "rollbacks" / f"g{record['generation']}.json", record)
+
+
+def _write_json(path: Path, record: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name("." + path.name)
+    tmp.write_text(json.dumps(record, indent=2, sort_keys=True, default=str))
+    tmp.replace(path)
 
 
 def publish(spec: PipelineSpec, epoch_log: EpochLog, lease: Lease, group_id: int) -> Group:
     """Checkpoint: the group's committed epochs become ``published``, with JSON records."""
     group = epoch_log.finish_group(lease, group_id, protocol.PUBLISHED)
-    write_epoch_records(spec, group)
+    write_epoch_records(spec, epoch_log, group)
     return group

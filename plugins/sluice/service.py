@@ -1,7 +1,7 @@
 """The steps of one group, as Airflow tasks and the command line call them.
 
-``plan`` (reconcile + write-ahead, no Spark) -> ``run`` (Spark) -> ``checkpoint`` (publish,
-release the lease). ``run_once`` chains them for a single run-once invocation.
+``plan`` (reconcile + write-ahead, no Spark) -> ``run`` (Spark) -> ``validate`` (the gate) ->
+``checkpoint`` (publish, release the lease). ``run_once`` chains them for a single run-once invocation.
 """
 
 from __future__ import annotations
@@ -11,10 +11,12 @@ import os
 import socket
 from typing import TYPE_CHECKING, Any
 
+from sluice import operations, protocol, validation
+from sluice.errors import FencedError, PipelineHaltedError
 from sluice.runner import GroupRunner, publish
 from sluice.sources import FileSource
 from sluice.spec import PipelineSpec
-from sluice.store import EpochLog
+from sluice.store import EpochLog, Lease
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -29,43 +31,135 @@ def cli_owner() -> str:
 
 
 def plan(spec: PipelineSpec, epoch_log: EpochLog, owner: str, *, epoch_size: int | None = None,
-         k: int | None = None, reason: str = "backlog", take_over_prefix: str | None = None) -> dict[str, Any] | None:
+         k: int | None = None, reason: str = "backlog", take_over_prefix: str | None = None,
+         recover: bool = False, interval: tuple[float, float] | None = None,
+         resume_own: bool = False) -> dict[str, Any] | None:
     """Take the lease, discover new files, and plan the next group (or re-plan a dead run's).
 
     Returns the group as a JSON-able record, or ``None`` (lease released) when there is
-    nothing to process.
+    nothing to process. With ``resume_own`` (one group per Airflow DAG run) a run that planned
+    before (a retried or cleared task) gets its group back.
+    ``recover`` reruns failed or unfinished epochs only, even on a halted pipeline;
+    ``interval`` (a backfill run's data interval, epoch seconds) recomputes the epochs whose
+    data arrived in it: the first run of a backfill records a rollback that ``run`` performs.
     """
     lease = epoch_log.acquire_lease(spec.name, owner, ttl_s=spec.control.lease_ttl_s,
                                     take_over_prefix=take_over_prefix)
     try:
-        FileSource(spec, epoch_log).discover()
-        group = epoch_log.plan_group(lease, epoch_size=epoch_size or spec.control.epoch_files,
-                                     k=k or spec.control.group_epochs, plan={"reason": reason})
+        earlier = epoch_log.group_of_owner(spec.name, owner) if resume_own else None
+        if earlier is not None:
+            log.info("pipeline %s: this run planned group %s before (%s); continuing it", spec.name,
+                     earlier.group_id, earlier.state)
+            return earlier.as_record()
+        halt = None if recover else epoch_log.halt_reason(spec.name, spec.control.max_attempts)
+        if halt:
+            raise PipelineHaltedError(f"pipeline {spec.name!r} is halted: {halt}")
+        if interval is not None:
+            planned = _plan_backfill(spec, epoch_log, lease, epoch_size, k, interval)
+        else:
+            FileSource(spec, epoch_log).discover()
+            group = epoch_log.plan_group(lease, epoch_size=epoch_size or spec.control.epoch_files,
+                                         k=k or spec.control.group_epochs, plan={"reason": reason},
+                                         only_leftovers=recover)
+            planned = group and group.as_record()
     except BaseException:
         epoch_log.release_lease(lease)
         raise
-    if group is None:
+    if planned is None:
         epoch_log.release_lease(lease)
         return None
-    record = group.as_record()
-    log.info("pipeline %s: planned group %s, epochs %s, ranges %s%s", spec.name, group.group_id,
-             group.epoch_ids, [[e.start, e.end] for e in group.epochs],
-             " (reprocessing a previous run's epochs)" if group.reprocessing else "")
-    return record
+    log.info("pipeline %s: planned group %s, epochs %s, ranges %s%s", spec.name, planned["group_id"],
+             [e["epoch_id"] for e in planned["epochs"]], [[e["start"], e["end"]] for e in planned["epochs"]],
+             " (reprocessing a previous run's epochs)" if planned.get("reprocessing") else "")
+    return planned
 
 
-def run(spec: PipelineSpec, epoch_log: EpochLog, owner: str, group_id: int, spark: SparkSession) -> dict[str, Any]:
+def _plan_backfill(spec: PipelineSpec, epoch_log: EpochLog, lease: Lease, epoch_size: int | None,
+                   k: int | None, interval: tuple[float, float]) -> dict[str, Any] | None:
+    ids = operations.epochs_arrived(spec, epoch_log, *interval)
+    if not ids:
+        log.info("pipeline %s: no epoch's data arrived in %s", spec.name, interval)
+        return None
+    states = {e.epoch_id: e.state for e in epoch_log.epochs(spec.name)}
+    if all(states[i] in protocol.UNPUBLISHED for i in ids):  # planned again by this backfill's first run
+        group = epoch_log.plan_group(lease, epoch_size=epoch_size or spec.control.epoch_files,
+                                     k=k or spec.control.group_epochs, only_leftovers=True, through_epoch=ids[-1],
+                                     plan={"reason": f"backfill: epochs {ids} arrived in {interval}"})
+        return group and group.as_record()
+    reason = f"backfill: recompute epochs {ids[0]}..{ids[-1]}, whose data arrived in {list(interval)}"
+    epoch_log.begin_rollback(lease, {"to_epoch": ids[0], "through_epoch": ids[-1], "reason": reason,
+                                     "owner": lease.owner})
+    return {"pipeline": spec.name, "group_id": None, "epochs": [], "plan": {"reason": reason},
+            "rollback": {"to_epoch": ids[0], "through_epoch": ids[-1]}}
+
+
+def _run_lease(spec: PipelineSpec, epoch_log: EpochLog, owner: str, group_id: int | None) -> Lease:
+    """The lease of the run that planned ``group_id``. A run whose group was published and
+    whose task is now re-run (cleared in Airflow) takes the lease back from an ended run of
+    the same DAG; any other run that lost its lease must stop."""
+    try:
+        return epoch_log.current_lease(spec.name, owner)
+    except FencedError:
+        group = epoch_log.group(spec.name, group_id) if group_id is not None else None
+        if group is None or group.state not in (protocol.PUBLISHED, protocol.ROLLED_BACK):
+            raise
+        prefix = owner.rsplit(":", 1)[0] + ":" if owner.startswith("airflow:") else None
+        return epoch_log.acquire_lease(spec.name, owner, ttl_s=spec.control.lease_ttl_s, take_over_prefix=prefix)
+
+
+def run(spec: PipelineSpec, epoch_log: EpochLog, owner: str, group_id: int | None,
+        spark: SparkSession) -> dict[str, Any]:
+    """Process the groups this run planned. Also: finish a rollback the plan step recorded (a
+    backfill), or, when the run's group was published already (its task was cleared), roll
+    back to that group and recompute it and every later epoch with their recorded ranges."""
+    lease = _run_lease(spec, epoch_log, owner, group_id)
+    actions = []
+    pending = epoch_log.pending_rollback(spec.name)
+    if pending and pending.get("owner") == owner:
+        actions.append(operations.rollback(spec, epoch_log, spark, lease, to_epoch=pending["to_epoch"],
+                                           reason=pending["reason"], recompute=True,
+                                           through_epoch=pending.get("through_epoch")))
+    groups = epoch_log.unpublished_groups(spec.name, owner)
+    if not groups and group_id is not None:
+        done = epoch_log.group(spec.name, group_id)
+        if done.state in (protocol.PUBLISHED, protocol.ROLLED_BACK):
+            actions.append(operations.redo_group(spec, epoch_log, spark, lease, done))
+            groups = epoch_log.unpublished_groups(spec.name, owner)
+    runner = GroupRunner(spec, epoch_log, spark)
+    ran = [runner.run(lease, g).as_record() for g in groups]
+    return {"pipeline": spec.name, "groups": ran, "rollbacks": actions}
+
+
+def validate(spec: PipelineSpec, epoch_log: EpochLog, owner: str) -> dict[str, Any]:
+    """The gate before publishing: per epoch of this run's groups, the recorded results of
+    each sink's expectation suite. Raises ``ValidationFailedError`` (and the pipeline stays
+    halted) when an epoch failed under the ``fail`` policy."""
+    epochs = [e for g in epoch_log.unpublished_groups(spec.name, owner) for e in g.epochs]
+    failed = [e for e in epochs if e.state == protocol.FAILED and e.validation]
+    report = {"pipeline": spec.name, "policy": spec.validation.policy,
+              "epochs": [{"epoch_id": e.epoch_id, "state": e.state, "validation": e.validation} for e in epochs]}
+    if failed:
+        e = failed[0]
+        raise validation.ValidationFailedError(
+            f"pipeline {spec.name!r} halted: epoch {e.epoch_id} (offsets [{e.start}, {e.end})) failed validation "
+            f"and was not written ({validation.describe(e.validation)}). Nothing of it is in the tables. Fix the "
+            "transform or the data, then trigger sluice_recover, or sluice_rollback to an earlier epoch")
+    return report
+
+
+def checkpoint(spec: PipelineSpec, epoch_log: EpochLog, owner: str, group_id: int | None = None) -> dict[str, Any]:
+    """Publish every group this run processed, in order, and release the lease."""
     lease = epoch_log.current_lease(spec.name, owner)
-    group = GroupRunner(spec, epoch_log, spark).run(lease, epoch_log.group(spec.name, group_id))
-    return group.as_record()
-
-
-def checkpoint(spec: PipelineSpec, epoch_log: EpochLog, owner: str, group_id: int) -> dict[str, Any]:
-    lease = epoch_log.current_lease(spec.name, owner)
-    group = publish(spec, epoch_log, lease, group_id)
+    groups = [publish(spec, epoch_log, lease, g.group_id) for g in epoch_log.unpublished_groups(spec.name, owner)]
     epoch_log.release_lease(lease)
     backlog = FileSource(spec, epoch_log).backlog()
-    return {"group": group.as_record(), "backlog": backlog.as_dict()}
+    published = [e for g in groups for e in g.epochs]
+    return {"groups": [g.as_record() for g in groups], "group": groups[-1].as_record() if groups else None,
+            "published": {s.name: {"epochs": [e.epoch_id for e in published],
+                                   "version": max((e.delta_versions.get(s.name) for e in published
+                                                   if e.delta_versions.get(s.name) is not None), default=None),
+                                   "generation": epoch_log.generation(spec.name)} for s in spec.sinks},
+            "backlog": backlog.as_dict()}
 
 
 def release(spec: PipelineSpec, epoch_log: EpochLog, owner: str) -> bool:
@@ -94,6 +188,7 @@ def run_once(spec: PipelineSpec, epoch_log: EpochLog, spark: SparkSession | Call
             if callable(spark):
                 spark = spark()
             run(spec, epoch_log, owner, planned["group_id"], spark)
+            validate(spec, epoch_log, owner)
             done.append(checkpoint(spec, epoch_log, owner, planned["group_id"]))
         except BaseException:
             release(spec, epoch_log, owner)

@@ -60,6 +60,8 @@ class SinkSpec(_Strict):
     path: str
     keys: list[str] = Field(default_factory=list, description="aggregate: merge keys")
     sums: list[str] = Field(default_factory=list, description="aggregate: columns added on merge")
+    expectations: str | None = Field(None, description="Great Expectations suite (JSON) checked on each "
+                                                       "epoch's output before it is written")
 
     @model_validator(mode="after")
     def _aggregate_fields(self) -> SinkSpec:
@@ -77,6 +79,16 @@ class ControlSpec(_Strict):
     poll_interval_s: float = Field(5, gt=0)
     sensor_timeout_s: float = Field(6 * 3600, gt=0)
     lease_ttl_s: float = Field(600, gt=0)
+    max_attempts: int = Field(3, ge=1, description="an epoch failing this often halts the pipeline")
+    optimize_every_groups: int = Field(0, ge=0, description="OPTIMIZE (compact) the sinks every N groups; 0: never")
+
+
+class ValidationSpec(_Strict):
+    """What happens to an epoch whose output fails its sink's expectation suite."""
+
+    policy: Literal["fail", "quarantine", "warn"] = Field(
+        "fail", description="fail: write nothing of the epoch and halt the pipeline; quarantine: write the "
+                            "failing rows to the quarantine table instead; warn: record only")
 
 
 class SparkSpec(_Strict):
@@ -91,11 +103,13 @@ class PipelineSpec(_Strict):
     schedule: str | None = "@continuous"
     start_date: str = "2026-01-01"
     source: SourceSpec
-    transform: str = Field(pattern=r"^[a-z_][a-z0-9_]*\.[a-z_][a-z0-9_]*$",
-                           description="module.function in jobs/transforms")
+    transform: str = Field(pattern=r"^[a-z_][a-z0-9_]*(\.[a-z_][a-z0-9_]*)+$",
+                           description="module.function in jobs/transforms, or package.module.function")
     reference: dict[str, str] = Field(default_factory=dict, description="name -> CSV file")
     sinks: list[SinkSpec] = Field(min_length=1)
     rejected_path: str | None = None
+    quarantine_path: str | None = None
+    validation: ValidationSpec = ValidationSpec()
     control: ControlSpec = ControlSpec()
     spark: SparkSpec = SparkSpec()
     tags: list[str] = Field(default_factory=list)
@@ -117,6 +131,10 @@ class PipelineSpec(_Strict):
     @property
     def rejected_table(self) -> str:
         return self.rejected_path or str(Path(self.sinks[0].path).parent / "_rejected")
+
+    @property
+    def quarantine_table(self) -> str:
+        return self.quarantine_path or str(Path(self.sinks[0].path).parent / "_quarantine")
 
     def sink(self, name: str) -> SinkSpec:
         for s in self.sinks:
@@ -181,11 +199,17 @@ def load_spec(path: str | Path) -> PipelineSpec:
     if spec.name != path.stem:
         raise SpecError(f"{path}: name: {spec.name!r} must match the file name {path.stem!r}")
     fixed_source = spec.source.model_copy(update={"path": _relative_to_project(spec.source.path)})
-    fixed_sinks = [s.model_copy(update={"path": _relative_to_project(s.path)}) for s in spec.sinks]
+    fixed_sinks = [s.model_copy(update={"path": _relative_to_project(s.path),
+                                        "expectations": s.expectations and _relative_to_project(s.expectations)})
+                   for s in spec.sinks]
     fixed_refs = {k: _relative_to_project(v) for k, v in spec.reference.items()}
     fixed_rejected = _relative_to_project(spec.rejected_path) if spec.rejected_path else None
+    fixed_quarantine = _relative_to_project(spec.quarantine_path) if spec.quarantine_path else None
+    for sink in fixed_sinks:
+        if sink.expectations and not Path(sink.expectations).is_file():
+            raise SpecError(f"{path}: sinks.{sink.name}.expectations: suite {sink.expectations} does not exist")
     return spec.model_copy(update={"source": fixed_source, "sinks": fixed_sinks, "reference": fixed_refs,
-                                   "rejected_path": fixed_rejected})
+                                   "rejected_path": fixed_rejected, "quarantine_path": fixed_quarantine})
 
 
 def load_specs(folder: str | Path | None = None) -> dict[str, PipelineSpec]:

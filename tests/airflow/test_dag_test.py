@@ -7,6 +7,7 @@ import pytest
 
 from include.generators.ysb import parse_valid
 from sluice import protocol
+from sluice.spec import get_spec
 from sluice.store import EpochLog
 from tests.pipelines import assert_matches_oracle, land, landed, make_pipeline
 
@@ -26,7 +27,15 @@ def test_every_spec_becomes_a_dag_without_import_errors():
         assert dag is not None, f"no DAG for pipeline {name}"
         assert dag.max_active_runs == 1
         assert [t.task_id for t in dag.topological_sort()] == [
-            "wait_for_backlog", "plan_group", "run_group", "checkpoint", "more_to_drain", "drain_again"]
+            "wait_for_backlog", "plan_group", "run_group", "validate", "checkpoint", "more_to_drain",
+            "drain_again"]
+        assert [a.name for a in dag.get_task("checkpoint").outlets] == [
+            f"sluice/{name}/{s.name}" for s in get_spec(name).sinks]
+    for name, tasks in (("sluice_rollback", ["rollback", "recompute", "run_group", "validate", "checkpoint"]),
+                        ("sluice_recover", ["plan_group", "run_group", "validate", "checkpoint"])):
+        dag = bag.dags.get(name)
+        assert [t.task_id for t in dag.topological_sort()] == tasks
+        assert {"ysb", "ysb_clean", "dag_shape"} <= set(dag.params.get_param("pipeline").schema["enum"])
     assert type(bag.dags.get("ysb").timetable).__name__ == "ContinuousTimetable"
     assert "*/10 * * * *" in repr(bag.dags.get("ysb_clean").timetable)
     sensor = bag.dags.get("ysb").get_task("wait_for_backlog")

@@ -7,7 +7,11 @@ What ``dag.test()`` cannot show, shown here:
 * ``run_group`` runs ``jobs/run_group.py`` through spark-submit from a LocalExecutor worker,
   and task code reaches the epoch store while Airflow blocks its metadata DB;
 * ``@continuous`` starts the next group run by itself; a cron pipeline (``in_process`` Spark
-  inside the worker) runs on its schedule.
+  inside the worker) runs on its schedule;
+* clearing ``run_group`` of a past run through the REST API rolls that group and every later
+  one back and recomputes their recorded ranges under a new generation;
+* an Airflow backfill (scheduler-managed) recomputes the epochs whose data arrived in its
+  intervals; ``checkpoint`` emits an Asset event per sink with the epochs and Delta version.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import os
 import re
 import time
 from collections.abc import Iterator
+from datetime import datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -29,8 +34,11 @@ from tests.pipelines import assert_matches_oracle, land, make_pipeline
 
 CONTINUOUS = "real_af_continuous"
 CRON = "real_af_cron"
+BACKFILL = "real_af_backfill"
 TRIGGER = "sluice.airflow.triggers.BacklogTrigger"
-GROUP_TASKS = ("wait_for_backlog", "plan_group", "run_group", "checkpoint")
+GROUP_TASKS = ("wait_for_backlog", "plan_group", "run_group", "validate", "checkpoint")
+#: Landing days of the backfill pipeline's files (two files a day, one epoch each).
+DAYS = ("2026-11-18T10:00:00+00:00", "2026-11-19T10:00:00+00:00", "2026-11-20T10:00:00+00:00")
 #: The cron part costs about one Spark group (~70-90 s here); SLUICE_E2E_CRON=0 leaves it out.
 WITH_CRON = os.environ.get("SLUICE_E2E_CRON", "1") != "0"
 
@@ -47,7 +55,7 @@ def land_atomically(spec: PipelineSpec, files: int, seed: int, prefix: str) -> l
 
 
 @pytest.fixture(scope="module")
-def pipelines() -> tuple[PipelineSpec, PipelineSpec]:
+def pipelines() -> tuple[PipelineSpec, PipelineSpec, PipelineSpec]:
     """Written before the server starts, so its first parse already has their DAGs."""
     continuous = make_pipeline(CONTINUOUS, **{
         "schedule": "@continuous", "spark.mode": "submit", "control.epoch_files": 2,
@@ -56,7 +64,14 @@ def pipelines() -> tuple[PipelineSpec, PipelineSpec]:
         "schedule": "*/1 * * * *", "spark.mode": "in_process", "control.epoch_files": 2,
         "control.group_epochs": 2, "control.poll_interval_s": 2})
     land_atomically(cron, files=2, seed=7, prefix="cron")  # there before its first scheduled run
-    return continuous, cron
+    backfill = make_pipeline(BACKFILL, **{
+        "schedule": "@daily", "spark.mode": "in_process", "control.epoch_files": 2,
+        "control.group_epochs": 3, "control.poll_interval_s": 2})
+    files = land_atomically(backfill, files=6, seed=11, prefix="day")
+    for i, path in enumerate(files):  # files 0-1 landed on the 18th, 2-3 on the 19th, 4-5 on the 20th
+        stamp = datetime.fromisoformat(DAYS[i // 2]).timestamp() + i
+        os.utime(path, (stamp, stamp))
+    return continuous, cron, backfill
 
 
 @pytest.fixture(scope="module")
@@ -121,7 +136,7 @@ def report(client, dag_id: str, run_id: str) -> None:
 
 
 def test_pipelines_run_under_airflow_standalone(pipelines, server, spark):
-    continuous, cron = pipelines
+    continuous, cron, _ = pipelines
     started = time.monotonic()
     with server.client() as client, dump_on_failure(server, (CONTINUOUS, CRON)):
         standalone.wait_healthy(server, client, timeout=180)
@@ -197,3 +212,120 @@ def test_pipelines_run_under_airflow_standalone(pipelines, server, spark):
         output = server.log_path.read_text(errors="replace")
         assert "Trigger failed to load code" not in output
         print(f"[real-airflow] done after {time.monotonic() - started:.0f} s")
+
+
+def asset_events(client, name: str) -> list[dict]:
+    r = client.get("/api/v2/assets", params={"name_pattern": name})
+    r.raise_for_status()
+    assets = [a for a in r.json()["assets"] if a["name"] == name]
+    assert assets, f"no asset {name}"
+    r = client.get("/api/v2/assets/events", params={"asset_id": assets[0]["id"], "limit": 100})
+    r.raise_for_status()
+    return r.json()["asset_events"]
+
+
+def test_clearing_a_past_group_rolls_back_and_recomputes(pipelines, server, spark):
+    """Clear run_group of the first group's run through the REST API: that group and the
+    later one are rolled back (generation 0 -> 1) and recomputed with their recorded ranges."""
+    continuous = pipelines[0]
+    log = EpochLog()
+    before = [(e.epoch_id, e.start, e.end, e.state) for e in log.epochs(CONTINUOUS)]
+    assert before == [(0, 0, 2, "published"), (1, 2, 4, "published"), (2, 4, 6, "published")], before
+    with server.client() as client, dump_on_failure(server, (CONTINUOUS,)):
+        runs = standalone.dag_runs(client, CONTINUOUS)
+        run1, run2 = runs[0]["dag_run_id"], runs[1]["dag_run_id"]
+        # Every publish emitted an Asset event per sink, carrying the epochs and the version.
+        events = asset_events(client, f"sluice/{CONTINUOUS}/campaign_views")
+        extras = [e["extra"] for e in events]
+        assert [x["epochs"] for x in extras] == [[0, 1], [2]], extras
+        assert extras[1]["version"] == log.epochs(CONTINUOUS)[2].delta_versions["campaign_views"], extras
+
+        # The DAG is paused; end the run that sits waiting for data, so the cleared run can start.
+        for run in runs[2:]:
+            if run["state"] in ("queued", "running"):
+                r = client.patch(f"/api/v2/dags/{CONTINUOUS}/dagRuns/{run['dag_run_id']}", json={"state": "failed"})
+                r.raise_for_status()
+        r = client.post(f"/api/v2/dags/{CONTINUOUS}/clearTaskInstances", json={
+            "dry_run": False, "only_failed": False, "task_ids": ["run_group"], "dag_run_id": run1,
+            "include_downstream": True, "reset_dag_runs": True})
+        r.raise_for_status()
+        cleared = {ti["task_id"] for ti in r.json()["task_instances"]}
+        assert {"run_group", "validate", "checkpoint"} <= cleared, cleared
+        standalone.set_paused(client, CONTINUOUS, False)
+        try:
+            states = standalone.wait_for_run_state(server, client, CONTINUOUS, run1, timeout=300)
+        finally:
+            standalone.set_paused(client, CONTINUOUS, True)
+        assert all(states[t] == "success" for t in ("run_group", "validate", "checkpoint")), states
+        report(client, CONTINUOUS, run1)
+
+        assert log.generation(CONTINUOUS) == 1
+        assert {e.state for e in log.epochs(CONTINUOUS, generation=0)} == {protocol.ROLLED_BACK}
+        after = [(e.epoch_id, e.start, e.end, e.state) for e in log.epochs(CONTINUOUS)]
+        assert after == [(0, 0, 2, "published"), (1, 2, 4, "published"), (2, 4, 6, "published")], after
+        assert_matches_oracle(spark, continuous, log)
+        result = standalone.xcom(client, CONTINUOUS, run1, "checkpoint")
+        assert [e["epoch_id"] for e in result["group"]["epochs"]] == [0, 1, 2], result
+        assert "rolled back to epoch 0" in task_log(server, CONTINUOUS, run1, "run_group")
+        assert [e["extra"]["epochs"] for e in asset_events(client, f"sluice/{CONTINUOUS}/campaign_views")][-1] \
+            == [0, 1, 2]
+        assert standalone.task_states(client, CONTINUOUS, run2)["checkpoint"] == "success"
+    log.close()
+
+
+def test_backfill_recomputes_the_epochs_that_arrived_in_its_intervals(pipelines, server, spark):
+    """A @daily pipeline processes six files that landed over three days; an Airflow backfill
+    over two of the days recomputes exactly the epochs whose data arrived in them."""
+    backfill = pipelines[2]
+    log = EpochLog()
+    with server.client() as client, dump_on_failure(server, (BACKFILL,)):
+        standalone.set_paused(client, BACKFILL, False)  # catchup off: one run, for the latest day
+        first = standalone.wait_for_run(server, client, BACKFILL, 0, timeout=90)
+        states = standalone.wait_for_run_state(server, client, BACKFILL, first["dag_run_id"], timeout=300)
+        assert all(states[t] == "success" for t in GROUP_TASKS), states
+        assert [(e.epoch_id, e.start, e.end) for e in log.epochs(BACKFILL)] == [(0, 0, 2), (1, 2, 4), (2, 4, 6)]
+        assert_matches_oracle(spark, backfill, log)
+
+        body = {"dag_id": BACKFILL, "from_date": "2026-11-19T00:00:00Z", "to_date": "2026-11-20T00:00:00Z",
+                "max_active_runs": 1, "reprocess_behavior": "none"}
+        for _ in range(10):  # 503 means Airflow's SQLite metadata DB was locked: retry, as documented
+            r = client.post("/api/v2/backfills", json=body)
+            if r.status_code != 503:
+                break
+            time.sleep(3)
+        r.raise_for_status()
+        backfill_id = r.json()["id"]
+
+        def finished() -> dict | None:
+            got = client.get(f"/api/v2/backfills/{backfill_id}")
+            got.raise_for_status()
+            runs = [run for run in standalone.dag_runs(client, BACKFILL) if run["run_type"] == "backfill"]
+            done = got.json()["completed_at"] and runs and all(run["state"] in ("success", "failed") for run in runs)
+            return runs if done else None
+
+        runs = standalone.wait_for(finished, 400, f"backfill {backfill_id} of {BACKFILL}", interval=3,
+                                   server=server)
+        for run in runs:
+            report(client, BACKFILL, run["dag_run_id"])
+        assert {run["state"] for run in runs} == {"success"}, runs
+        # The epochs whose last file landed inside a backfill run's data interval.
+        stamps = [datetime.fromisoformat(d).timestamp() for d in DAYS]
+        intervals = []
+        for run in runs:  # a point-in-time interval (trigger timetable) covers the day that starts there
+            start = datetime.fromisoformat(run["data_interval_start"].replace("Z", "+00:00"))
+            end = datetime.fromisoformat(run["data_interval_end"].replace("Z", "+00:00"))
+            intervals.append((start.timestamp(), (end if end > start else start + timedelta(days=1)).timestamp()))
+        recomputed = sorted(i for i, t in enumerate(stamps) if any(a <= t + 2 * i + 1 < b for a, b in intervals))
+        assert recomputed, (intervals, stamps)
+        assert log.generation(BACKFILL) == 1
+        old = {e.epoch_id: e.state for e in log.epochs(BACKFILL, generation=0)}
+        assert old == {i: ("rolled_back" if i >= recomputed[0] else "published") for i in range(3)}, old
+        # Epochs after the backfilled days are planned again, for the next regular run.
+        expected = [(i, 2 * i, 2 * i + 2, "published" if i <= recomputed[-1] else "planned") for i in range(3)]
+        assert [(e.epoch_id, e.start, e.end, e.state) for e in log.epochs(BACKFILL)] == expected
+        recomputed_at = [e.committed_at for e in log.epochs(BACKFILL) if e.epoch_id in recomputed]
+        assert all(t is not None for t in recomputed_at)
+        if recomputed[-1] == 2:
+            assert_matches_oracle(spark, backfill, log)
+        standalone.set_paused(client, BACKFILL, True)
+    log.close()

@@ -1,6 +1,10 @@
 """One Airflow DAG per pipeline spec:
 
-    wait_for_backlog -> plan_group -> run_group -> checkpoint -> more_to_drain -> drain_again
+    wait_for_backlog -> plan_group -> run_group -> validate -> checkpoint -> more_to_drain -> drain_again
+
+Clearing ``run_group`` (or ``plan_group``) of a past run rolls that group and every later one
+back and recomputes their recorded ranges; a backfill run recomputes the epochs whose data
+arrived in its data interval. ``sluice_rollback`` and ``sluice_recover`` are built here too.
 
 ``max_active_runs=1``: one group per pipeline in flight, and a new run of the DAG knows the
 previous one has ended (which lets it take over a dead run's lease).
@@ -17,7 +21,15 @@ from airflow.providers.standard.operators.python import ShortCircuitOperator
 from airflow.providers.standard.operators.trigger_dagrun import TriggerDagRunOperator
 from airflow.sdk import DAG, Param
 
-from sluice.airflow.operators import CheckpointOperator, PlanGroupOperator, RunGroupOperator
+from sluice.airflow.operators import (
+    CheckpointOperator,
+    PlanGroupOperator,
+    RollbackOperator,
+    RunGroupOperator,
+    ValidateOperator,
+    release_lease_on_failure,
+    sink_asset,
+)
 from sluice.airflow.sensors import BacklogSensor
 from sluice.paths import jars_dir, project_root
 from sluice.spark import DELTA_JAR_NAMES, spark_conf
@@ -48,7 +60,8 @@ def build_dag(spec: PipelineSpec) -> DAG:
         params=params,
         tags=["sluice", *spec.tags],
         doc_md=f"sluice pipeline **{spec.name}** (spec `{spec.path}`). {spec.description}",
-        default_args={"retries": 1, "retry_delay": timedelta(seconds=10)},
+        default_args={"retries": 1, "retry_delay": timedelta(seconds=10),
+                      "on_failure_callback": release_lease_on_failure},
     )
     with dag:
         # @continuous: wait as long as the spec allows (a timed-out wait skips the run, and
@@ -78,12 +91,97 @@ def build_dag(spec: PipelineSpec) -> DAG:
             )
         else:
             run = RunGroupOperator(task_id="run_group", pipeline=spec.name)
-        checkpoint = CheckpointOperator(task_id="checkpoint", pipeline=spec.name)
+        validate = ValidateOperator(task_id="validate", pipeline=spec.name)
+        checkpoint = CheckpointOperator(task_id="checkpoint", pipeline=spec.name,
+                                        outlets=[sink_asset(spec.name, s) for s in spec.sinks])
         more = ShortCircuitOperator(task_id="more_to_drain", python_callable=_more_to_drain)
         # A JSON string: the operator parses it after rendering, so integers stay integers.
         again = TriggerDagRunOperator(
             task_id="drain_again", trigger_dag_id=spec.name,
             conf='{"drain": true, "epoch_size": {{ params.epoch_size | tojson }}, "k": {{ params.k | tojson }}}',
         )
-        wait >> plan >> run >> checkpoint >> more >> again
+        wait >> plan >> run >> validate >> checkpoint >> more >> again
     return dag
+
+
+def build_rollback_dag(specs: dict[str, PipelineSpec]) -> DAG:
+    """``sluice_rollback``: roll a pipeline back to an epoch, optionally recompute."""
+    names = sorted(specs) or ["none"]
+    with DAG(
+        dag_id="sluice_rollback",
+        description="Roll a sluice pipeline back to an epoch (RESTORE, generation bump, source rewind)",
+        schedule=None, start_date=pendulum.datetime(2026, 1, 1, tz="UTC"), catchup=False,
+        max_active_runs=1, tags=["sluice", "operations"],
+        params={
+            "pipeline": Param(names[0], type="string", enum=names, title="Pipeline"),
+            "to_epoch": Param(0, type="integer", minimum=0, title="Roll back to epoch",
+                              description="This epoch and every later one are rolled back."),
+            "reason": Param("", type="string", minLength=3, title="Reason",
+                            description="Recorded in the epoch log and the rollback record."),
+            "recompute": Param(True, type="boolean", title="Recompute",
+                               description="Recompute the rolled-back epochs now, with their recorded ranges."),
+            "take_over": Param(False, type="boolean", title="Take over the lease",
+                               description="Take the lease from the pipeline's own DAG runs; only when none runs."),
+        },
+        default_args={"retries": 0, "on_failure_callback": release_lease_on_failure},
+        doc_md=ROLLBACK_DOC,
+    ) as dag:
+        rollback = RollbackOperator(task_id="rollback", pipeline="{{ params.pipeline }}")
+        recompute = ShortCircuitOperator(task_id="recompute", python_callable=_recompute)
+        _group_steps(rollback, recompute, plan_task_id="rollback")
+    return dag
+
+
+def build_recover_dag(specs: dict[str, PipelineSpec]) -> DAG:
+    """``sluice_recover``: rerun a pipeline's failed or unfinished epochs with their ranges."""
+    names = sorted(specs) or ["none"]
+    with DAG(
+        dag_id="sluice_recover",
+        description="Rerun a sluice pipeline's failed or half-done epochs with their recorded ranges",
+        schedule=None, start_date=pendulum.datetime(2026, 1, 1, tz="UTC"), catchup=False,
+        max_active_runs=1, tags=["sluice", "operations"],
+        params={
+            "pipeline": Param(names[0], type="string", enum=names, title="Pipeline"),
+            "take_over": Param(False, type="boolean", title="Take over the lease",
+                               description="Take the lease from the pipeline's own DAG runs; only when none runs."),
+        },
+        default_args={"retries": 0, "on_failure_callback": release_lease_on_failure},
+        doc_md=RECOVER_DOC,
+    ) as dag:
+        plan = PlanGroupOperator(task_id="plan_group", pipeline="{{ params.pipeline }}", recover=True)
+        _group_steps(plan, None, plan_task_id="plan_group")
+    return dag
+
+
+def _recompute(params: dict[str, Any]) -> bool:
+    return bool(params["recompute"])
+
+
+def _group_steps(head: Any, gate: Any, plan_task_id: str) -> None:
+    """run_group -> validate -> checkpoint (in-process Spark) after ``head``."""
+    run = RunGroupOperator(task_id="run_group", pipeline="{{ params.pipeline }}", plan_task_id=plan_task_id)
+    validate = ValidateOperator(task_id="validate", pipeline="{{ params.pipeline }}", plan_task_id=plan_task_id)
+    checkpoint = CheckpointOperator(task_id="checkpoint", pipeline="{{ params.pipeline }}",
+                                    plan_task_id=plan_task_id)
+    if gate is not None:
+        head >> gate >> run
+    else:
+        head >> run
+    run >> validate >> checkpoint
+
+
+ROLLBACK_DOC = """Roll a pipeline back to `to_epoch` (Structured Streaming §7.2).
+
+1. Preconditions: the source still holds every file of the rolled-back ranges, and the Delta
+   version each table goes back to still exists (not vacuumed). Otherwise the run fails with
+   what is missing and **nothing is changed**.
+2. RESTORE every table of the pipeline (sinks, `_rejected`, `_quarantine`) to the version
+   before `to_epoch`; bump the generation; epochs `>= to_epoch` become `rolled_back`; the source
+   position rewinds to the start of `to_epoch`.
+3. With `recompute`, the rolled-back ranges are recomputed now, validated and published.
+"""
+
+RECOVER_DOC = """Rerun a pipeline's failed or half-done epochs with their recorded ranges, even when
+the pipeline is halted (an epoch failed validation or failed `control.max_attempts` times).
+Fix the cause first (the transform, the spec's checks, the data); the run plans nothing new.
+"""

@@ -1,4 +1,5 @@
-"""Operators for the steps of one group: plan, run (in-process Spark), checkpoint.
+"""Operators for the steps of one group: plan, run (in-process Spark), validate, checkpoint;
+and for the operator actions: rollback.
 
 The Spark step in ``submit`` mode is Airflow's own ``SparkSubmitOperator`` running
 ``jobs/run_group.py``; in ``in_process`` mode ``RunGroupOperator`` runs the same code inside
@@ -11,17 +12,54 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from airflow.sdk import BaseOperator
-from airflow.sdk.exceptions import AirflowSkipException
+from airflow.sdk import Asset, BaseOperator
+from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
 from sluice import service
-from sluice.spec import PipelineSpec, get_spec
+from sluice.errors import PipelineHaltedError, SluiceError
+from sluice.spec import PipelineSpec, SinkSpec, get_spec
 from sluice.store import EpochLog, store_url
+from sluice.validation import ValidationFailedError
 
 
 def lease_owner(dag_id: str, run_id: str) -> str:
     """Lease owner of one DAG run. Runs of one DAG share the prefix ``airflow:<dag_id>:``."""
     return f"airflow:{dag_id}:{run_id}"
+
+
+def sink_asset(pipeline: str, sink: SinkSpec) -> Asset:
+    """The Airflow Asset of one sink table; ``checkpoint`` emits an event on it per group,
+    with the epochs and the Delta version in its extra, so downstream DAGs can be scheduled
+    on it (``schedule=[Asset("sluice/ysb/campaign_views")]``)."""
+    return Asset(name=f"sluice/{pipeline}/{sink.name}", uri=f"file://{sink.path}", group="sluice")
+
+
+def backfill_interval(context: Any, schedule: str | None) -> tuple[Any, Any]:
+    """The period a backfill run covers. Cron schedules in Airflow 3 use trigger timetables
+    whose data interval is a point in time; their run then covers ``[logical date, next
+    fire)``, as an Airflow 2 data interval did."""
+    start, end = context["data_interval_start"], context["data_interval_end"]
+    if start == end and schedule:
+        from croniter import croniter
+
+        end = croniter(schedule, start).get_next(type(start))
+    return start, end
+
+
+def release_lease_on_failure(context: Any) -> None:
+    """``on_failure_callback`` of sluice's tasks: a run that failed for good gives its lease
+    up, so an operator's rollback or recovery need not wait for it to expire."""
+    params = context.get("params") or {}
+    dag_id, run_id = context["dag"].dag_id, context["run_id"]
+    try:
+        spec = get_spec(params.get("pipeline") or dag_id)
+    except SluiceError:
+        return
+    log = EpochLog(store_url())
+    try:
+        service.release(spec, log, lease_owner(dag_id, run_id))
+    finally:
+        log.close()
 
 
 class PlanGroupOperator(BaseOperator):
@@ -34,10 +72,12 @@ class PlanGroupOperator(BaseOperator):
     template_fields: Sequence[str] = ("pipeline",)
     ui_color = "#e8f4d9"
 
-    def __init__(self, *, pipeline: str, sensor_task_id: str = "wait_for_backlog", **kwargs: Any) -> None:
+    def __init__(self, *, pipeline: str, sensor_task_id: str = "wait_for_backlog", recover: bool = False,
+                 **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.pipeline = pipeline
         self.sensor_task_id = sensor_task_id
+        self.recover = recover
 
     def execute(self, context: Any) -> dict[str, Any]:
         spec = get_spec(self.pipeline)
@@ -46,15 +86,30 @@ class PlanGroupOperator(BaseOperator):
         dag_id, run_id = context["dag"].dag_id, context["run_id"]
         url = store_url()
         log = EpochLog(url)
+        dag_run = context["dag_run"]
+        interval = None
+        if str(getattr(dag_run.run_type, "value", dag_run.run_type)) == "backfill":
+            start, end = backfill_interval(context, spec.schedule)
+            interval = (start.timestamp(), end.timestamp())
+            self.log.info("Backfill run: recomputing the epochs whose data arrived in [%s, %s)", start, end)
+        take_over = f"airflow:{spec.name}:" if self.recover and params.get("take_over") else f"airflow:{dag_id}:"
         try:
             group = service.plan(spec, log, lease_owner(dag_id, run_id),
                                  epoch_size=params.get("epoch_size") or sensed.get("epoch_size"),
                                  k=params.get("k") or sensed.get("k"), reason=sensed.get("reason", "manual"),
-                                 take_over_prefix=f"airflow:{dag_id}:")
+                                 take_over_prefix=take_over, recover=self.recover, interval=interval,
+                                 resume_own=True)
+        except PipelineHaltedError as exc:
+            raise AirflowFailException(str(exc)) from None
         finally:
             log.close()
         if group is None:
-            raise AirflowSkipException(f"pipeline {spec.name!r}: no unplanned data, nothing to do")
+            what = ("no failed or unfinished epochs" if self.recover
+                    else "no epoch's data arrived in this interval" if interval else "no unplanned data")
+            raise AirflowSkipException(f"pipeline {spec.name!r}: nothing to do ({what})")
+        if group.get("rollback"):
+            self.log.info("Recorded rollback %s; run_group performs it", group["rollback"])
+            return dict(group, store_url=url)
         self.log.info("Planned group %s of %s:\n%s", group["group_id"], spec.name, _epoch_table(group["epochs"]))
         return dict(group, store_url=url)
 
@@ -90,13 +145,92 @@ class RunGroupOperator(_PlannedGroupOperator):
         reused = SparkSession.getActiveSession() is not None  # dag.test() in a process with Spark
         spark = get_session(f"sluice-{spec.name}", extra_conf=spec.spark.conf)
         try:
-            group = service.run(spec, log, owner, planned["group_id"], spark)
+            result = service.run(spec, log, owner, planned["group_id"], spark)
         finally:
             if not reused:
                 spark.stop()
             log.close()
-        self.log.info("Group %s of %s:\n%s", group["group_id"], spec.name, _epoch_table(group["epochs"]))
-        return {"group_id": group["group_id"], "epochs": [e["epoch_id"] for e in group["epochs"]]}
+        for rollback in result["rollbacks"]:
+            self.log.info("Rolled back to epoch %s (generation %s -> %s): %s", rollback["to_epoch"],
+                          rollback["from_generation"], rollback["generation"], rollback["reason"])
+        for group in result["groups"]:
+            self.log.info("Group %s of %s:\n%s", group["group_id"], spec.name, _epoch_table(group["epochs"]))
+        return {"groups": [g["group_id"] for g in result["groups"]],
+                "epochs": [e["epoch_id"] for g in result["groups"] for e in g["epochs"]]}
+
+
+class RollbackOperator(BaseOperator):
+    """Roll a pipeline back to an epoch (``sluice_rollback``): preconditions, RESTORE,
+    generation bump, epoch states, source rewind; with ``recompute`` the rolled-back ranges are
+    planned again as a group of this run, which the next tasks run, validate and publish.
+
+    Params: ``to_epoch``, ``reason``, ``recompute``, ``take_over``. A refused rollback fails
+    with what is missing and changes nothing.
+    """
+
+    template_fields: Sequence[str] = ("pipeline",)
+    ui_color = "#f4d9d9"
+
+    def __init__(self, *, pipeline: str, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.pipeline = pipeline
+
+    def execute(self, context: Any) -> dict[str, Any]:
+        from pyspark.sql import SparkSession
+
+        from sluice import operations
+        from sluice.spark import get_session
+
+        params = context["params"]
+        spec = get_spec(self.pipeline)
+        owner = lease_owner(context["dag"].dag_id, context["run_id"])
+        url = store_url()
+        log = EpochLog(url)
+        reused = SparkSession.getActiveSession() is not None
+        spark = None
+        try:
+            lease = log.acquire_lease(spec.name, owner, ttl_s=spec.control.lease_ttl_s,
+                                      take_over_prefix=f"airflow:{spec.name}:" if params.get("take_over") else None)
+            try:
+                spark = get_session(f"sluice-rollback-{spec.name}", extra_conf=spec.spark.conf)
+                report = operations.rollback(spec, log, spark, lease, to_epoch=int(params["to_epoch"]),
+                                             reason=params["reason"], recompute=bool(params["recompute"]))
+            except BaseException:
+                log.release_lease(lease)
+                raise
+            if not params["recompute"]:
+                log.release_lease(lease)
+        except SluiceError as exc:  # refused, busy, or no such epoch: nothing was changed
+            raise AirflowFailException(str(exc)) from None
+        finally:
+            if spark is not None and not reused:
+                spark.stop()
+            log.close()
+        self.log.info("Rolled %s back to epoch %s: generation %s -> %s; restored %s; rolled back %s",
+                      spec.name, report["to_epoch"], report["from_generation"], report["generation"],
+                      json.dumps(report["restored"]), [r[0] for r in report["rolled_back"]])
+        return dict(report, store_url=url)
+
+
+class ValidateOperator(_PlannedGroupOperator):
+    """The gate before publishing: shows each epoch's expectation results and fails (no
+    retry) when one failed under the ``fail`` policy, which halts the pipeline."""
+
+    ui_color = "#f7e1e1"
+
+    def execute(self, context: Any) -> dict[str, Any]:
+        spec, planned, owner = self.planned(context)
+        log = EpochLog(planned["store_url"])
+        try:
+            report = service.validate(spec, log, owner)
+        except ValidationFailedError as exc:
+            self.log.error("%s", exc)
+            raise AirflowFailException(str(exc)) from None
+        finally:
+            log.close()
+        self.log.info("Validation of %s (policy %s):\n%s", spec.name, spec.validation.policy,
+                      _validation_table(report["epochs"]))
+        return report
 
 
 class CheckpointOperator(_PlannedGroupOperator):
@@ -112,8 +246,16 @@ class CheckpointOperator(_PlannedGroupOperator):
             result = service.checkpoint(spec, log, owner, planned["group_id"])
         finally:
             log.close()
-        self.log.info("Published group %s of %s:\n%s\nBacklog left: %s", planned["group_id"], spec.name,
-                      _epoch_table(result["group"]["epochs"]), json.dumps(result["backlog"]))
+        for group in result["groups"]:
+            self.log.info("Published group %s of %s:\n%s", group["group_id"], spec.name,
+                          _epoch_table(group["epochs"]))
+        self.log.info("Backlog left: %s", json.dumps(result["backlog"]))
+        outlet_events = context.get("outlet_events")
+        for sink in spec.sinks:
+            published = result["published"][sink.name]
+            if outlet_events is not None and published["epochs"]:
+                outlet_events[sink_asset(spec.name, sink)].extra = dict(published, pipeline=spec.name,
+                                                                        sink=sink.name, table=sink.path)
         return result
 
 
@@ -126,4 +268,20 @@ def _epoch_table(epochs: list[dict[str, Any]]) -> str:
         lines.append(f"{e['epoch_id']:>6} {e['generation']:>4} {[e['start'], e['end']]!s:>15} {e['state']:>10} "
                      f"{rows.get('input', '-'):>9} {rows.get('rejected', '-'):>9} {rows.get('output', '-'):>8}  "
                      f"{json.dumps(e.get('delta_versions') or {})}")
+    return "\n".join(lines)
+
+
+def _validation_table(epochs: list[dict[str, Any]]) -> str:
+    lines = [f"{'epoch':>6} {'state':>10}  sink: result"]
+    for e in epochs:
+        results = e.get("validation") or {}
+        if not results:
+            lines.append(f"{e['epoch_id']:>6} {e['state']:>10}  (no expectation suite)")
+        for sink, r in results.items():
+            status = "ok" if r.get("success") else "FAILED " + "; ".join(
+                f"{f['expectation']}({f.get('column') or ''}) unexpected={f.get('unexpected_count')}"
+                for f in r.get("failed", []))
+            quarantined = f", {r['quarantined']} rows quarantined" if r.get("quarantined") else ""
+            lines.append(f"{e['epoch_id']:>6} {e['state']:>10}  {sink}: {status} "
+                         f"({r.get('evaluated')} expectations{quarantined})")
     return "\n".join(lines)

@@ -112,6 +112,7 @@ class Epoch:
     rows: dict[str, int] = field(default_factory=dict)
     timings: dict[str, float] = field(default_factory=dict)
     error: str | None = None
+    validation: dict[str, Any] | None = None
     planned_at: datetime | None = None
     committed_at: datetime | None = None
     published_at: datetime | None = None
@@ -123,7 +124,8 @@ class Epoch:
             group_id=row.group_id, start=row.start_offset, end=row.end_offset, state=row.state,
             attempts=row.attempts, delta_versions=dict(row.delta_versions or {}),
             rows=dict(row.rows or {}), timings=dict(row.timings or {}), error=row.error,
-            planned_at=row.planned_at, committed_at=row.committed_at, published_at=row.published_at,
+            validation=row.validation, planned_at=row.planned_at, committed_at=row.committed_at,
+            published_at=row.published_at,
         )
 
     def as_record(self) -> dict[str, Any]:
@@ -179,6 +181,32 @@ def _configure_sqlite(engine: Engine) -> None:
         conn.exec_driver_sql("BEGIN IMMEDIATE")
 
 
+def _add_missing_columns(engine: Engine) -> None:
+    """Add nullable columns newer releases introduced to a store an older release created
+    (``create_all`` only creates missing tables)."""
+    from sqlalchemy import inspect
+
+    with engine.begin() as conn:  # one connection: a second would wait on this one's write lock
+        inspector = inspect(conn)
+        for table in Base.metadata.sorted_tables:
+            present = {c["name"] for c in inspector.get_columns(table.name)}
+            for column in table.columns:
+                if column.name not in present and column.nullable:
+                    kind = column.type.compile(dialect=engine.dialect)
+                    conn.exec_driver_sql(f"ALTER TABLE {table.name} ADD COLUMN {column.name} {kind}")
+
+
+@dataclass(frozen=True)
+class RollbackPlan:
+    """What a rollback of ``pipeline`` to ``to_epoch`` changes in the epoch log."""
+
+    pipeline: str
+    to_epoch: int
+    generation: int  # the generation being rolled back
+    rolled_back: tuple[Epoch, ...]  # epochs >= to_epoch of that generation
+    kept: tuple[Epoch, ...]  # epochs < to_epoch, carried into the new generation
+
+
 class EpochLog:
     """The epoch store of all pipelines, in one SQL database (SQLite or Postgres)."""
 
@@ -190,6 +218,7 @@ class EpochLog:
         if self.engine.dialect.name == "sqlite":
             _configure_sqlite(self.engine)
         Base.metadata.create_all(self.engine)
+        _add_missing_columns(self.engine)
         self._sessions = sessionmaker(self.engine, expire_on_commit=False)
 
     def close(self) -> None:
@@ -373,22 +402,27 @@ class EpochLog:
             ids = s.scalars(select(GroupRow.group_id).where(GroupRow.pipeline == pipeline).order_by(GroupRow.group_id))
             return [self._group(s, pipeline, i) for i in list(ids)]
 
-    def plan_group(self, lease: Lease, *, epoch_size: int, k: int,
-                   plan: dict[str, Any] | None = None) -> Group | None:
+    def plan_group(self, lease: Lease, *, epoch_size: int, k: int, plan: dict[str, Any] | None = None,
+                   only_leftovers: bool = False, through_epoch: int | None = None) -> Group | None:
         """Reconcile, then plan (write-ahead) the next group of this pipeline.
 
         Epochs a dead run left ``planned`` or ``failed`` form the group first, with their
         recorded ranges. Otherwise up to ``k`` new epochs of ``epoch_size`` offsets are appended
         from the next unplanned offset to the end of the manifest, in one transaction. Returns
-        ``None`` when there is nothing to do.
+        ``None`` when there is nothing to do. ``only_leftovers`` plans nothing new (recovery);
+        ``through_epoch`` takes leftovers only up to that epoch (a backfill run's share).
         """
         now = utcnow()
         with self._tx() as s:
             pipe = self._check_fence(s, lease)
+            if pipe.pending_rollback:
+                raise ProtocolError(f"pipeline {lease.pipeline!r}: {_pending_message(pipe.pending_rollback)}")
             gen = pipe.generation
             rows = list(s.scalars(select(EpochRow).where(EpochRow.pipeline == lease.pipeline,
                                                          EpochRow.generation == gen).order_by(EpochRow.epoch_id)))
             leftover_ids = protocol.epochs_to_reprocess([(r.epoch_id, r.state) for r in rows])
+            if through_epoch is not None:
+                leftover_ids = [i for i in leftover_ids if i <= through_epoch]
             last_group = s.scalar(select(func.max(GroupRow.group_id)).where(GroupRow.pipeline == lease.pipeline))
             group_id = 0 if last_group is None else last_group + 1
             record = dict(plan or {}, epoch_size=epoch_size, k=k)
@@ -407,6 +441,8 @@ class EpochLog:
                                planned_at=now))
                 s.flush()
                 return self._group(s, lease.pipeline, group_id, reprocessing=True)
+            if only_leftovers:
+                return None
             start = self._next_offset(s, lease.pipeline, gen)
             ranges = protocol.plan_ranges(start, self._manifest_end(s, lease.pipeline), epoch_size, k)
             if not ranges:
@@ -435,7 +471,8 @@ class EpochLog:
             row.attempts += 1
 
     def mark_committed(self, lease: Lease, epoch: Epoch, *, delta_versions: dict[str, int | None],
-                       rows: dict[str, int], timings: dict[str, float]) -> None:
+                       rows: dict[str, int], timings: dict[str, float],
+                       validation: dict[str, Any] | None = None) -> None:
         """Record that every sink holds the epoch (step 4 of the protocol)."""
         with self._tx() as s:
             row = self._epoch_row(s, lease, epoch.epoch_id, epoch.generation)
@@ -444,13 +481,18 @@ class EpochLog:
             protocol.check_transition(row.epoch_id, row.state, protocol.COMMITTED)
             row.state, row.error = protocol.COMMITTED, None
             row.delta_versions, row.rows, row.timings = delta_versions, rows, timings
+            row.validation = validation
             row.committed_at = utcnow()
 
-    def mark_failed(self, lease: Lease, epoch: Epoch, error: str) -> None:
+    def mark_failed(self, lease: Lease, epoch: Epoch, error: str, *, validation: dict[str, Any] | None = None,
+                    rows: dict[str, int] | None = None) -> None:
         with self._tx() as s:
             row = self._epoch_row(s, lease, epoch.epoch_id, epoch.generation)
             if row.state in (protocol.PLANNED, protocol.FAILED):
                 row.state, row.error = protocol.FAILED, error[:4000]
+                row.validation = validation
+                if rows is not None:
+                    row.rows = rows
 
     def finish_group(self, lease: Lease, group_id: int, state: str) -> Group:
         """Close a group: ``published`` moves its committed epochs to published."""
@@ -474,6 +516,175 @@ class EpochLog:
             s.flush()
             return self._group(s, lease.pipeline, group_id)
 
+    # -- halts, rollbacks, rebuilds ----------------------------------------------------------
+
+    def halt_reason(self, pipeline: str, max_attempts: int) -> str | None:
+        """Why no new group may start, or ``None``: a rollback left half done, an epoch that
+        failed validation under the ``fail`` policy, or one that failed ``max_attempts`` times.
+        Recovery (``sluice_recover``) reruns failed epochs regardless."""
+        with self._tx() as s:
+            pipe = self._pipeline(s, pipeline)
+            if pipe.pending_rollback:
+                return _pending_message(pipe.pending_rollback)
+            failed = s.scalars(select(EpochRow).where(
+                EpochRow.pipeline == pipeline, EpochRow.generation == pipe.generation,
+                EpochRow.state == protocol.FAILED).order_by(EpochRow.epoch_id)).first()
+        if failed is None:
+            return None
+        if failed.validation and not all(v.get("success", True) for v in failed.validation.values()):
+            return (f"epoch {failed.epoch_id} failed validation and the policy is `fail`: {failed.error}. "
+                    "Fix the transform or the data, then trigger sluice_recover (rerun with the same ranges) "
+                    "or sluice_rollback")
+        if failed.attempts >= max_attempts:
+            return (f"epoch {failed.epoch_id} failed {failed.attempts} times (control.max_attempts = "
+                    f"{max_attempts}); last error: {failed.error}. Fix the cause, then trigger sluice_recover")
+        return None
+
+    def unpublished_groups(self, pipeline: str, owner: str) -> list[Group]:
+        """Groups ``owner`` planned that are not closed yet, in order (a DAG run's own groups)."""
+        with self._tx() as s:
+            ids = list(s.scalars(select(GroupRow.group_id).where(
+                GroupRow.pipeline == pipeline, GroupRow.owner == owner, GroupRow.state == protocol.PLANNED)
+                .order_by(GroupRow.group_id)))
+            return [self._group(s, pipeline, i) for i in ids]
+
+    def group_of_owner(self, pipeline: str, owner: str) -> Group | None:
+        """The first group ``owner`` (a DAG run) planned, whatever its state now."""
+        with self._tx() as s:
+            first = s.scalar(select(func.min(GroupRow.group_id)).where(
+                GroupRow.pipeline == pipeline, GroupRow.owner == owner))
+            return None if first is None else self._group(s, pipeline, first)
+
+    def rollback_plan(self, pipeline: str, to_epoch: int) -> RollbackPlan:
+        """Which epochs a rollback to ``to_epoch`` would roll back and keep; raises
+        ``ProtocolError`` when it cannot be done (no such epoch, unfinished epochs before it)."""
+        with self._tx() as s:
+            gen = self._pipeline(s, pipeline).generation
+            rows = list(s.scalars(select(EpochRow).where(EpochRow.pipeline == pipeline, EpochRow.generation == gen)
+                                  .order_by(EpochRow.epoch_id)))
+        epochs = [Epoch.of(r) for r in rows if r.state != protocol.ROLLED_BACK]
+        end = epochs[-1].epoch_id + 1 if epochs else 0
+        if not 0 <= to_epoch <= end:
+            raise ProtocolError(f"pipeline {pipeline!r}: cannot roll back to epoch {to_epoch}: generation {gen} "
+                                f"holds epochs 0..{end - 1}")
+        kept = tuple(e for e in epochs if e.epoch_id < to_epoch)
+        unfinished = [e.epoch_id for e in kept if e.state in protocol.UNFINISHED]
+        if unfinished:
+            raise ProtocolError(f"pipeline {pipeline!r}: epochs {unfinished} before epoch {to_epoch} are not "
+                                "written yet (planned or failed); recover them first, or roll back to "
+                                f"epoch {unfinished[0]}")
+        return RollbackPlan(pipeline, to_epoch, gen, tuple(e for e in epochs if e.epoch_id >= to_epoch), kept)
+
+    def begin_rollback(self, lease: Lease, details: dict[str, Any]) -> None:
+        """Record a rollback before any table is restored: until ``finish_rollback`` no group
+        is planned, so a crash half way cannot let new epochs land on restored tables."""
+        with self._tx() as s:
+            row = self._check_fence(s, lease)
+            if row.pending_rollback and row.pending_rollback.get("to_epoch") != details.get("to_epoch"):
+                raise ProtocolError(f"pipeline {lease.pipeline!r}: {_pending_message(row.pending_rollback)}")
+            row.pending_rollback = dict(details, started_at=utcnow().isoformat() + "Z")
+
+    def pending_rollback(self, pipeline: str) -> dict[str, Any] | None:
+        with self._tx() as s:
+            return self._pipeline(s, pipeline).pending_rollback
+
+    def finish_rollback(self, lease: Lease, plan: RollbackPlan, *, replan: bool, reason: str,
+                        through_epoch: int | None = None) -> tuple[int, Group | None]:
+        """Roll the epoch log back: bump the generation, carry epochs before ``to_epoch`` into
+        it, mark the rest ``rolled_back``; with ``replan``, plan their exact ranges again as one
+        group of this lease. Returns the new generation and that group."""
+        now = utcnow()
+        with self._tx() as s:
+            pipe = self._check_fence(s, lease)
+            if pipe.generation != plan.generation:
+                raise ProtocolError(f"pipeline {lease.pipeline!r}: generation changed from {plan.generation} to "
+                                    f"{pipe.generation} during the rollback")
+            new_gen = plan.generation + 1
+            last = s.scalar(select(func.max(GroupRow.group_id)).where(GroupRow.pipeline == lease.pipeline))
+            group_id = 0 if last is None else last + 1
+            # Committed but unpublished epochs before to_epoch are published with the recomputed ones.
+            regroup = {e.epoch_id for e in plan.kept if e.state == protocol.COMMITTED} if replan else set()
+            for e in plan.kept:
+                old = s.get(EpochRow, (lease.pipeline, e.epoch_id, plan.generation))
+                s.add(EpochRow(pipeline=old.pipeline, epoch_id=old.epoch_id, generation=new_gen,
+                               group_id=group_id if old.epoch_id in regroup else old.group_id,
+                               start_offset=old.start_offset, end_offset=old.end_offset,
+                               state=old.state, attempts=old.attempts, delta_versions=old.delta_versions,
+                               rows=old.rows, timings=old.timings, error=old.error, validation=old.validation,
+                               planned_at=old.planned_at, committed_at=old.committed_at,
+                               published_at=old.published_at))
+            for e in plan.rolled_back:
+                row = s.get(EpochRow, (lease.pipeline, e.epoch_id, plan.generation))
+                protocol.check_transition(e.epoch_id, row.state, protocol.ROLLED_BACK)
+                row.state = protocol.ROLLED_BACK
+                row.error = f"rolled back to epoch {plan.to_epoch} (generation {new_gen}): {reason}"[:4000]
+            for g in s.scalars(select(GroupRow).where(GroupRow.pipeline == lease.pipeline,
+                                                      GroupRow.state == protocol.PLANNED)):
+                if g.last_epoch >= plan.to_epoch:
+                    g.state, g.finished_at = protocol.ROLLED_BACK, now
+            pipe.generation = new_gen
+            pipe.pending_rollback = None
+            group = None
+            now_ids = [e.epoch_id for e in plan.rolled_back if through_epoch is None or e.epoch_id <= through_epoch]
+            later = [e for e in plan.rolled_back if e.epoch_id not in now_ids]
+            if replan and later:  # planned again, for a later run (the next backfill run) to take
+                s.add(GroupRow(pipeline=lease.pipeline, group_id=group_id + 1, owner="rollback", fence=lease.fence,
+                               first_epoch=later[0].epoch_id, last_epoch=later[-1].epoch_id,
+                               state=protocol.PLANNED, planned_at=now,
+                               plan={"reason": f"recompute after rollback to epoch {plan.to_epoch}: {reason}"}))
+                for e in later:
+                    s.add(EpochRow(pipeline=lease.pipeline, epoch_id=e.epoch_id, generation=new_gen,
+                                   group_id=group_id + 1, start_offset=e.start, end_offset=e.end,
+                                   state=protocol.PLANNED, attempts=0, delta_versions={}, rows={}, timings={},
+                                   planned_at=now))
+            if replan and (now_ids or regroup):
+                for e in plan.rolled_back[:len(now_ids)]:
+                    s.add(EpochRow(pipeline=lease.pipeline, epoch_id=e.epoch_id, generation=new_gen,
+                                   group_id=group_id, start_offset=e.start, end_offset=e.end,
+                                   state=protocol.PLANNED, attempts=0, delta_versions={}, rows={}, timings={},
+                                   planned_at=now))
+                s.add(GroupRow(pipeline=lease.pipeline, group_id=group_id, owner=lease.owner, fence=lease.fence,
+                               first_epoch=min(regroup, default=plan.to_epoch),
+                               last_epoch=max([plan.to_epoch - 1, *now_ids]),
+                               state=protocol.PLANNED, planned_at=now,
+                               plan={"reason": f"recompute after rollback to epoch {plan.to_epoch}: {reason}",
+                                     "epoch_size": None, "k": len(now_ids) + len(regroup)}))
+                s.flush()
+                group = self._group(s, lease.pipeline, group_id, reprocessing=True)
+            return new_gen, group
+
+    def has_pipeline(self, pipeline: str) -> bool:
+        with self._tx() as s:
+            return s.get(PipelineRow, pipeline) is not None or s.scalar(
+                select(func.count()).select_from(EpochRow).where(EpochRow.pipeline == pipeline)) > 0
+
+    def load_records(self, pipeline: str, generation: int, files: Sequence[tuple[int, str, int, float]],
+                     epochs: Sequence[dict[str, Any]]) -> None:
+        """Rebuild a lost store from published epoch records: the manifest ``(position, path,
+        size, mtime)``, the epochs (all published, in ``generation``) and their groups."""
+        now = utcnow()
+        with self._tx() as s:
+            s.add(PipelineRow(name=pipeline, generation=generation, fence=0, created_at=now))
+            for position, path, size, mtime in files:
+                s.add(SourceFileRow(pipeline=pipeline, position=position, path=path, size=size, mtime=mtime,
+                                    discovered_at=now))
+            groups: dict[int, list[dict[str, Any]]] = {}
+            for e in epochs:
+                groups.setdefault(e["group_id"], []).append(e)
+                s.add(EpochRow(pipeline=pipeline, epoch_id=e["epoch_id"], generation=generation,
+                               group_id=e["group_id"], start_offset=e["start"], end_offset=e["end"],
+                               state=protocol.PUBLISHED, attempts=e.get("attempts", 1),
+                               delta_versions=e.get("delta_versions") or {}, rows=e.get("rows") or {},
+                               timings=e.get("timings") or {}, validation=e.get("validation"),
+                               planned_at=_parse_time(e.get("planned_at")) or now,
+                               committed_at=_parse_time(e.get("committed_at")),
+                               published_at=_parse_time(e.get("published_at"))))
+            for group_id, members in groups.items():
+                ids = [m["epoch_id"] for m in members]
+                s.add(GroupRow(pipeline=pipeline, group_id=group_id, owner="rebuilt", fence=0,
+                               first_epoch=min(ids), last_epoch=max(ids), state=protocol.PUBLISHED,
+                               plan={"reason": "rebuilt from epoch records"}, planned_at=now, finished_at=now))
+
     def summary(self, pipeline: str) -> dict[str, Any]:
         """Counts by state, contiguity and totals of the current generation, for reports."""
         epochs = self.epochs(pipeline)
@@ -490,3 +701,12 @@ class EpochLog:
             "offsets": [epochs[0].start, epochs[-1].end] if epochs else [0, 0],
             "rows": {key: sum(e.rows.get(key, 0) for e in epochs) for key in ("input", "output", "rejected")},
         }
+
+
+def _pending_message(pending: dict[str, Any]) -> str:
+    return (f"a rollback to epoch {pending.get('to_epoch')} started at {pending.get('started_at')} did not finish "
+            f"({pending.get('reason')}); trigger sluice_rollback again with the same to_epoch to complete it")
+
+
+def _parse_time(value: str | None) -> datetime | None:
+    return datetime.fromisoformat(value.removesuffix("Z")) if value else None

@@ -24,6 +24,9 @@ class PipelineRow(Base):
     lease_acquired_at: Mapped[datetime | None] = mapped_column(DateTime, nullable=True)
     lease_expires_at: Mapped[datetime | None] = mapped_column(DateTime, nullable=True)
     created_at: Mapped[datetime] = mapped_column(DateTime)
+    # A rollback in progress ({to_epoch, reason, ...}): set before any table is restored,
+    # cleared when the epoch log is rolled back too; no group is planned while it is set.
+    pending_rollback: Mapped[dict | None] = mapped_column(JSON, nullable=True)
 
 
 class SourceFileRow(Base):
@@ -69,6 +72,7 @@ class EpochRow(Base):
     rows: Mapped[dict] = mapped_column(JSON, default=dict)  # input / output / rejected counts
     timings: Mapped[dict] = mapped_column(JSON, default=dict)  # seconds per phase
     error: Mapped[str | None] = mapped_column(Text, nullable=True)
+    validation: Mapped[dict | None] = mapped_column(JSON, nullable=True)  # sink -> expectation results
     planned_at: Mapped[datetime] = mapped_column(DateTime)
     committed_at: Mapped[datetime | None] = mapped_column(DateTime, nullable=True)
     published_at: Mapped[datetime | None] = mapped_column(DateTime, nullable=True)

@@ -1,0 +1,374 @@
+"""Discrete-event simulator of sluice's run-once groups, for evaluating the adaptive control.
+
+Model. Source files land at ``file_rate`` files/s (file ``i`` at ``(i + 1) / file_rate``), each
+holding ``rate(t) / file_rate`` records, like ``make generate FILES_PER_SECOND=1``. A method plans
+a group (epoch size in files, k, partitions); the sensor fires when the backlog holds the group
+or when waiting longer would break the freshness SLA; the run plans its epochs exactly as
+``sluice.protocol.plan_ranges`` does (never more than the backlog), pays the group's coordination
+cost once and each epoch's processing time, and publishes everything at the end. A record's
+latency is its arrival to the publish of its group; busy time is the sum of group wall times.
+The next group is planned when the previous one has published (one active run per pipeline).
+
+Processing-time models, parametrised from runs on this machine (2 cores, local[2]): a warm epoch
+of 8,000 records (4 files x 2,000) took 4.3-5.8 s with the aggregate-merge sink, the first epoch
+of an application 15-22 s, the Spark session ~6 s. So, per epoch of n records with P partitions,
+
+    p(n, P) = a + tau * P + b * work(n) * (1 + h * C / P) / min(P, C)
+
+with a = 2 s (Delta commit + job planning per epoch), tau = 0.05 s per task, C = 2 cores, h = 0.5
+(skew/spill relief from more partitions: the U-shape DyBBS observed for blocks), work(n) = n for
+Reduce-like and n^2 for Join-like work, b fitted so p(8000, 2) = 5.1 s. Per group: coordination
+F = 20 s = Airflow scheduling ~3 s + Spark start ~6 s + first-epoch warm-up ~11 s (15-22 s first
+epoch minus a ~5 s warm one). Times get lognormal noise (sigma 0.1 per epoch, 0.15 for F); a
+capacity factor < 1 (the 25% cut) divides epoch times.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Literal, Protocol
+
+import numpy as np
+
+from sluice.control import ControlState, Decision, EpochSizeConfig, GroupResult, GroupSizeConfig, Observation
+from sluice.control import plan_next as _plan_next
+from sluice.protocol import plan_ranges
+
+
+@dataclass(frozen=True)
+class Workload:
+    name: str
+    kind: Literal["reduce", "join"]
+    per_record: float
+    per_epoch_s: float = 2.0
+    per_partition_s: float = 0.05
+    skew: float = 0.5
+    cores: int = 2
+    coordination_s: float = 20.0
+    noise: float = 0.10
+    coordination_noise: float = 0.15
+
+    def epoch_s(self, records: np.ndarray | float, partitions: np.ndarray | int, capacity: float = 1.0) -> np.ndarray:
+        """Noise-free processing time of one epoch (seconds)."""
+        n = np.asarray(records, float)
+        p = np.asarray(partitions, float)
+        work = n if self.kind == "reduce" else n * n
+        spread = (1 + self.skew * self.cores / p) / np.minimum(p, self.cores)
+        return (self.per_epoch_s + self.per_partition_s * p + self.per_record * work * spread) / capacity
+
+
+_SPREAD_2 = (1 + 0.5 * 2 / 2) / 2  # 0.75 at P = 2, C = 2
+REDUCE = Workload("reduce", "reduce", per_record=3.0 / (8000 * _SPREAD_2))
+JOIN = Workload("join", "join", per_record=3.0 / (8000**2 * _SPREAD_2))
+
+
+@dataclass(frozen=True)
+class Trace:
+    """Arrival rate (records/s) and capacity factor as functions of time; labelled segments
+    (rate regimes) are used to measure convergence."""
+
+    name: str
+    duration_s: float
+    rate: Callable[[np.ndarray], np.ndarray]
+    capacity: Callable[[float], float] = lambda t: 1.0
+    segments: tuple[tuple[float, float, str], ...] = ()
+
+
+def constant(rate: float, duration_s: float = 4 * 3600, name: str = "constant") -> Trace:
+    return Trace(name, duration_s, lambda t: np.full(np.shape(t), rate, float), segments=((0, duration_s, "c"),))
+
+
+def step(levels: tuple[float, ...], durations: tuple[float, ...], name: str = "step") -> Trace:
+    edges = np.cumsum((0, *durations))
+    lv = np.asarray(levels, float)
+
+    def rate(t: np.ndarray) -> np.ndarray:
+        return lv[np.clip(np.searchsorted(edges, t, side="right") - 1, 0, len(lv) - 1)]
+
+    segs = tuple((float(edges[i]), float(edges[i + 1]), f"{levels[i]:g}") for i in range(len(levels)))
+    return Trace(name, float(edges[-1]), rate, segments=segs)
+
+
+def sinusoid(low: float, high: float, period_s: float, duration_s: float, name: str = "sinusoid") -> Trace:
+    mid, amp = (low + high) / 2, (high - low) / 2
+    n = int(duration_s // period_s)
+    segs = tuple((i * period_s, (i + 1) * period_s, f"period {i}") for i in range(n))
+    return Trace(name, duration_s, lambda t: mid + amp * np.sin(2 * np.pi * np.asarray(t) / period_s), segments=segs)
+
+
+def markov(levels: tuple[float, ...], dwell_s: float, duration_s: float, seed: int, name: str = "markov") -> Trace:
+    """A birth-death Markov chain over ``levels``: every ``dwell_s`` move one level up or down
+    (probability 0.4 each, reflecting at the ends) or stay (0.2)."""
+    rng = np.random.default_rng(seed)
+    n = math.ceil(duration_s / dwell_s)
+    states = [len(levels) // 2]
+    for _ in range(n - 1):
+        u, s = rng.random(), states[-1]
+        s = s + 1 if u < 0.4 else s - 1 if u < 0.8 else s
+        states.append(min(len(levels) - 1, max(0, s)))
+    lv = np.asarray(levels, float)[states]
+    segs = tuple((i * dwell_s, (i + 1) * dwell_s, f"{lv[i]:g}") for i in range(n))
+    return Trace(name, duration_s, lambda t: lv[np.clip((np.asarray(t) // dwell_s).astype(int), 0, n - 1)],
+                 segments=segs)
+
+
+def capacity_cut(rate: float, cut_at_s: float, factor: float, duration_s: float, name: str = "capacity_cut") -> Trace:
+    return Trace(name, duration_s, lambda t: np.full(np.shape(t), rate, float),
+                 capacity=lambda t: factor if t >= cut_at_s else 1.0,
+                 segments=((0, cut_at_s, "before"), (cut_at_s, duration_s, "after")))
+
+
+@dataclass(frozen=True)
+class View:
+    """What a method sees when planning (measured rate over the last minute, backlog); ``true_*``
+    are for the oracle only."""
+
+    t: float
+    rate_rps: float
+    file_rate: float
+    backlog_files: int
+    true_rate: float
+    capacity: float
+
+
+class Method(Protocol):
+    name: str
+
+    def decide(self, view: View) -> Decision: ...
+
+    def record(self, result: GroupResult) -> None: ...
+
+
+@dataclass
+class Run:
+    """One simulation: per-group log and record-weighted latency statistics."""
+
+    method: str
+    trace: str
+    groups: list[dict] = field(default_factory=list)
+    mean_latency_s: float = math.inf
+    p95_latency_s: float = math.inf
+    busy_s: float = math.inf
+    records: int = 0
+    processed_files: list[tuple[int, int]] = field(default_factory=list)
+    aborted: bool = False
+
+
+class Simulator:
+    def __init__(self, workload: Workload, trace: Trace, *, file_rate: float = 1.0, seed: int = 0,
+                 freshness_sla_s: float = 300.0, rate_window_s: float = 60.0,
+                 abort_backlog_files: int | None = None) -> None:
+        self.wl, self.trace, self.f = workload, trace, file_rate
+        self.seed, self.sla, self.window = seed, freshness_sla_s, rate_window_s
+        self.abort = abort_backlog_files
+        self.n_files = int(trace.duration_s * file_rate)
+        arrival = (np.arange(self.n_files) + 1) / file_rate
+        self.arrival = arrival
+        self.records = np.maximum(0, np.rint(trace.rate(arrival - 0.5 / file_rate) / file_rate)).astype(np.int64)
+        self.R = np.concatenate(([0], np.cumsum(self.records)))
+        self.RA = np.concatenate(([0.0], np.cumsum(self.records * arrival)))
+
+    def arrived(self, t: float) -> int:
+        """Files landed by time ``t``."""
+        return int(min(self.n_files, max(0, math.floor(t * self.f + 1e-9))))
+
+    def measured_rate(self, t: float) -> float:
+        lo = max(0.0, t - self.window)
+        if t <= lo:
+            return 0.0
+        return float(self.R[self.arrived(t)] - self.R[self.arrived(lo)]) / (t - lo)
+
+    def run(self, method: Method) -> Run:
+        rng = np.random.default_rng(self.seed)
+        wl, f = self.wl, self.f
+        out = Run(method.name, self.trace.name)
+        t, nxt, gid = 0.0, 0, 0
+        lat_sum, busy = 0.0, 0.0
+        while nxt < self.n_files:
+            backlog = self.arrived(t) - nxt
+            view = View(t, self.measured_rate(t), f, backlog, float(self.trace.rate(np.array([t]))[0]),
+                        self.trace.capacity(t))
+            d = method.decide(view)
+            first = self.arrival[nxt]
+            t_eff = min((nxt + d.group_files) / f, self.n_files / f)
+            t_sla = first + self.sla - d.predicted_wall_s
+            t_fire = max(t, first, min(t_eff, t_sla))
+            backlog = self.arrived(t_fire) - nxt
+            forced = backlog < d.group_files and t_eff > t_fire
+            ranges = plan_ranges(nxt, nxt + backlog, d.epoch_size, d.k)
+            cap = self.trace.capacity(t_fire)
+            n = np.array([self.R[r.end] - self.R[r.start] for r in ranges], float)
+            epoch_s = wl.epoch_s(n, d.partitions, cap) * rng.lognormal(0, wl.noise, len(ranges))
+            coord = wl.coordination_s * float(rng.lognormal(0, wl.coordination_noise))
+            wall = coord + float(epoch_s.sum())
+            publish = t_fire + wall
+            s, e = ranges[0].start, ranges[-1].end
+            recs = float(self.R[e] - self.R[s])
+            lat_sum += publish * recs - float(self.RA[e] - self.RA[s])
+            busy += wall
+            out.groups.append({
+                "t_fire": t_fire, "publish": publish, "start": s, "end": e, "epoch_size": d.epoch_size,
+                "k": len(ranges), "partitions": d.partitions, "wall": wall, "coordination": coord,
+                "backlog_files": backlog, "reason": "freshness" if forced else d.reason,
+                "mean_latency": (publish * recs - float(self.RA[e] - self.RA[s])) / recs if recs else 0.0,
+            })
+            out.processed_files.append((s, e))
+            method.record(GroupResult(gid, tuple(r.size for r in ranges), tuple(float(x) for x in epoch_s), coord,
+                                      d.partitions, view.rate_rps, f, "freshness" if forced else d.reason))
+            gid += 1
+            nxt, t = e, publish
+            if self.abort is not None and self.arrived(t) - nxt > self.abort:
+                out.aborted = True
+                return out
+        total = float(self.R[-1])
+        out.records = int(total)
+        out.mean_latency_s = lat_sum / total
+        out.busy_s = busy
+        pub = np.repeat([g["publish"] for g in out.groups], [g["end"] - g["start"] for g in out.groups])
+        lat = pub - self.arrival
+        order = np.argsort(lat)
+        cw = np.cumsum(self.records[order])
+        out.p95_latency_s = float(lat[order][np.searchsorted(cw, 0.95 * cw[-1])])
+        return out
+
+
+# -- methods ----------------------------------------------------------------------------------
+
+class Sluice:
+    """DyBBS epoch sizing + AIMD group size through ``sluice.control.plan_next``; the state goes
+    through ``to_dict``/``from_dict`` every ``persist_every`` groups, as the epoch store would."""
+
+    name = "sluice"
+
+    def __init__(self, epoch: EpochSizeConfig | None = None, group: GroupSizeConfig | None = None,
+                 persist_every: int = 0) -> None:
+        self.state = ControlState.new(epoch, group)
+        self.last: GroupResult | None = None
+        self.persist_every = persist_every
+        self.notes: list[str] = []
+
+    def decide(self, view: View) -> Decision:
+        d = _plan_next(self.state, Observation(view.rate_rps, view.file_rate, view.backlog_files, self.last))
+        if self.last is not None:
+            self.notes.append(self.state.last_note)
+            if self.persist_every and self.last.group_id % self.persist_every == 0:
+                import json
+
+                self.state = ControlState.from_dict(json.loads(json.dumps(self.state.to_dict())))
+        return d
+
+    def record(self, result: GroupResult) -> None:
+        self.last = result
+
+
+class FPI:
+    """Fixed-point iteration of Das et al. (SoCC'14) as DyBBS §III-A describes it: only the last
+    two batches, convergence relaxed by a ratio, ``processing = rho * interval``.
+
+    It sizes epochs only (DyBBS's headline baseline is FPI with a fixed block): k and partitions
+    stay at the spec defaults (3 epochs, 2 partitions = cores). A batch's processing time is the
+    epoch's share of its group, ``wall / epochs``, and its interval ``x / file_rate``. Type I:
+    ``x_{n+1} = omega(x_n) / rho``; Type II (both of the last two unstable and omega(x)/x rising with
+    x, i.e. superlinear): ``x_{n+1} = (1 - r) * min(x_1, x_2)``. Epochs over the memory budget are
+    split (k grows) so the group's span stays what FPI asked for.
+    """
+
+    name = "fpi"
+
+    def __init__(self, rho: float = 0.7, r: float = 0.25, k: int = 3, partitions: int = 2, initial_files: int = 4,
+                 max_epoch_records: int = 400_000) -> None:
+        self.rho, self.r, self.k, self.partitions = rho, r, k, partitions
+        self.span_files = float(initial_files * k)
+        self.max_records = max_epoch_records
+        self.history: list[tuple[float, float]] = []  # (interval s, processing s) of the last two batches
+
+    def decide(self, view: View) -> Decision:
+        x = max(1, round(self.span_files / self.k))
+        per_file = max(view.rate_rps / view.file_rate, 1e-9)
+        cap = max(1, int(self.max_records // per_file))
+        k = self.k
+        if x > cap:
+            k = math.ceil(x * self.k / cap)
+            x = cap
+        wall = self.history[-1][1] * k if self.history else 0.0
+        return Decision(x, k, self.partitions, "fpi", wall)
+
+    def record(self, result: GroupResult) -> None:
+        epochs = len(result.epoch_files)
+        interval = sum(result.epoch_files) / epochs / result.file_rate
+        omega = result.wall_s / epochs
+        self.history = [*self.history, (interval, omega)][-2:]
+        nxt = omega / self.rho
+        if len(self.history) == 2:
+            (x1, w1), (x2, w2) = sorted(self.history)
+            if x1 < x2 and w1 / x1 < w2 / x2 and w1 > self.rho * x1 and w2 > self.rho * x2:
+                nxt = (1 - self.r) * min(x1, x2)
+        self.span_files = max(float(self.k), nxt * result.file_rate * self.k)
+
+
+class Fixed:
+    """A static configuration (FixBI's candidates)."""
+
+    def __init__(self, epoch_size: int, k: int, partitions: int, name: str = "fixbi") -> None:
+        self.d = Decision(epoch_size, k, partitions, "fixed", 0.0)
+        self.name = name
+
+    def decide(self, view: View) -> Decision:
+        return self.d
+
+    def record(self, result: GroupResult) -> None:
+        pass
+
+
+class Oracle:
+    """Knows the true current rate, capacity and noise-free model: plans the stable group with the
+    smallest span (margin ``c`` against noise) over all (x, k, partitions), or the
+    highest-throughput group under backlog; the same memory budget as the others."""
+
+    name = "oracle"
+
+    def __init__(self, workload: Workload, margin_s: float = 2.0,
+                 partitions: tuple[int, ...] = (1, 2, 3, 4, 6, 8, 12, 16), k_max: int = 64,
+                 max_epoch_records: int = 400_000, catchup_factor: float = 2.0) -> None:
+        self.wl, self.c, self.parts, self.k_max = workload, margin_s, partitions, k_max
+        self.max_records, self.catchup = max_epoch_records, catchup_factor
+        self.cache: dict[tuple[float, float], tuple[Decision, np.ndarray, np.ndarray]] = {}
+
+    def _table(self, rate: float, cap_factor: float, file_rate: float) -> tuple[Decision, np.ndarray, np.ndarray]:
+        key = (round(rate, -1), cap_factor)
+        if key not in self.cache:
+            per_file = max(rate / file_rate, 1e-9)
+            cap = max(1, min(2000, int(self.max_records // per_file)))
+            xs = np.arange(1, cap + 1)
+            ks = np.arange(1, self.k_max + 1)[:, None]
+            best, best_span = None, math.inf
+            thr = np.zeros((len(self.parts), cap))
+            for i, p in enumerate(self.parts):
+                px = self.wl.epoch_s(xs * per_file, p, cap_factor)
+                ok = ks * xs / file_rate >= self.wl.coordination_s + ks * px + self.c
+                span = np.where(ok, ks * xs, np.inf)
+                j = np.unravel_index(np.argmin(span), span.shape)
+                if span[j] < best_span:
+                    best_span = span[j]
+                    best = Decision(int(xs[j[1]]), int(ks[j[0], 0]), p, "oracle",
+                                    float(self.wl.coordination_s + ks[j[0], 0] * px[j[1]]))
+                thr[i] = px
+            if best is None:
+                best = Decision(cap, self.k_max, self.parts[-1], "oracle: overload", 0.0)
+            self.cache[key] = (best, xs, thr)
+        return self.cache[key]
+
+    def decide(self, view: View) -> Decision:
+        best, xs, px = self._table(view.true_rate, view.capacity, view.file_rate)
+        if view.backlog_files <= self.catchup * best.group_files and not best.reason.endswith("overload"):
+            return best
+        ks = np.clip(max(view.backlog_files, 1) // xs, 1, self.k_max)
+        thr = ks * xs / (self.wl.coordination_s + ks * px)
+        i, j = np.unravel_index(np.argmax(thr), thr.shape)
+        return Decision(int(xs[j]), int(ks[j]), self.parts[i], "catch-up",
+                        float(self.wl.coordination_s + ks[j] * px[i, j]))
+
+    def record(self, result: GroupResult) -> None:
+        pass

@@ -1,0 +1,115 @@
+"""Glue between the pure controllers (``sluice.control``) and a pipeline: what the backlog
+trigger measures (arrival rates, backlog), when it fires, and what a published group teaches
+the controllers. Their state is persisted in the epoch store after every group, so it
+survives restarts of the scheduler, the triggerer and the workers.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from sluice.control import ControlState, Decision, GroupResult, Observation, fire_reason, plan_next
+from sluice.control.epoch_size import EpochSizeConfig
+from sluice.control.group_size import GroupSizeConfig
+from sluice.spec import PipelineSpec
+from sluice.store import EpochLog, Group
+
+log = logging.getLogger("sluice.adaptive")
+
+#: Arrival rates are measured over this many seconds of landed files (at least).
+RATE_WINDOW_S = 120.0
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """One poll's outcome: the plan for the next group, and why to start it now (or None)."""
+
+    decision: Decision
+    fire: str | None
+    rate_rps: float
+    file_rate: float
+
+    def plan(self) -> dict[str, Any]:
+        """What the sensor hands to the run."""
+        return {"epoch_size": self.decision.epoch_size, "k": self.decision.k,
+                "partitions": self.decision.partitions, "reason": f"{self.fire}: {self.decision.reason}",
+                "predicted_wall_s": round(self.decision.predicted_wall_s, 3),
+                "rate_rps": round(self.rate_rps, 3), "file_rate": round(self.file_rate, 5)}
+
+
+def load_state(spec: PipelineSpec, epoch_log: EpochLog) -> ControlState:
+    raw = epoch_log.control_state(spec.name)
+    if raw:
+        try:
+            return ControlState.from_dict(raw)
+        except (KeyError, TypeError, ValueError) as exc:  # an older format: start learning again
+            log.warning("pipeline %s: discarding unreadable control state (%s)", spec.name, exc)
+    c = spec.control
+    return ControlState.new(EpochSizeConfig(initial_files=c.epoch_files),
+                            GroupSizeConfig(k0=min(c.group_epochs, c.max_group_epochs), k_max=c.max_group_epochs))
+
+
+def records_per_file(spec: PipelineSpec, epoch_log: EpochLog, last: int = 20) -> float | None:
+    """Input records per source file over the last published epochs."""
+    epochs = [e for e in epoch_log.epochs(spec.name) if e.rows.get("input")][-last:]
+    files = sum(e.end - e.start for e in epochs)
+    return sum(e.rows["input"] for e in epochs) / files if files else None
+
+
+def arrival_rates(spec: PipelineSpec, epoch_log: EpochLog, mtimes: list[float],
+                  now: float | None = None) -> tuple[float, float]:
+    """``(records/s, files/s)`` landing lately: files whose mtime is within the window, the
+    window being at least ``RATE_WINDOW_S`` and at least four poll intervals."""
+    now = time.time() if now is None else now
+    window = max(RATE_WINDOW_S, 4 * spec.control.poll_interval_s)
+    recent = [m for m in mtimes if now - window <= m <= now]
+    if not recent:
+        return 0.0, 0.0
+    file_rate = len(recent) / window
+    per_file = records_per_file(spec, epoch_log) or 1.0
+    return file_rate * per_file, file_rate
+
+
+def decide(spec: PipelineSpec, epoch_log: EpochLog, backlog_files: int, oldest_age_s: float | None,
+           mtimes: list[float], *, continuous: bool = True) -> Verdict:
+    """Plan the next group and say whether to start it now: the backlog makes the planned group
+    whole ("efficient group"), or waiting longer would break the freshness SLA ("freshness").
+    A scheduled (cron) run takes whatever is there ("scheduled")."""
+    rate_rps, file_rate = arrival_rates(spec, epoch_log, mtimes)
+    state = load_state(spec, epoch_log)
+    decision = plan_next(state, Observation(rate_rps, file_rate, backlog_files))
+    if not spec.control.adaptive:
+        decision = Decision(spec.control.epoch_files, spec.control.group_epochs, decision.partitions,
+                            "fixed sizes (control.adaptive: false)", decision.predicted_wall_s)
+    if continuous:
+        fire = fire_reason(decision, backlog_files, oldest_age_s or 0.0, spec.control.freshness_sla_s)
+    else:
+        fire = "scheduled" if backlog_files > 0 else None
+    return Verdict(decision, fire, rate_rps, file_rate)
+
+
+def record_group(spec: PipelineSpec, epoch_log: EpochLog, group: Group, now: float | None = None) -> str | None:
+    """Teach the controllers what a published group measured; persists their state. Groups
+    that recomputed old ranges (recovery, rollback) say nothing about the current rate."""
+    plan = group.plan
+    epochs = [e for e in group.epochs if e.timings.get("epoch_s") is not None]
+    if not epochs or group.reprocessing or "rate_rps" not in plan:
+        return None
+    now = time.time() if now is None else now
+    started = plan.get("fired_at")
+    epoch_s = [float(e.timings["epoch_s"]) for e in epochs]
+    wall = max(now - started, sum(epoch_s)) if started else sum(epoch_s)
+    state = load_state(spec, epoch_log)
+    result = GroupResult(group_id=group.group_id, epoch_files=tuple(e.end - e.start for e in epochs),
+                         epoch_s=tuple(epoch_s), coordination_s=wall - sum(epoch_s),
+                         partitions=int(plan.get("partitions") or state.epoch.config.initial_partitions),
+                         rate_rps=float(plan["rate_rps"]), file_rate=float(plan["file_rate"]),
+                         reason=str(plan.get("reason", "")))
+    note = state.record(result)
+    epoch_log.save_control_state(spec.name, state.to_dict())
+    log.info("pipeline %s: group %s wall %.1f s, coordination %.1f s (%.0f%%): %s", spec.name, group.group_id,
+             wall, result.coordination_s, 100 * result.coordination_s / wall if wall else 0, note)
+    return note

@@ -1,0 +1,32 @@
+"""Adaptive control, pure Python (no Spark, no Airflow): epoch size and partitions by DyBBS,
+group size by Drizzle's AIMD, and ``plan_next`` combining them for the backlog sensor."""
+
+from sluice.control.epoch_size import (
+    EpochPlan,
+    EpochSizeConfig,
+    EpochSizeController,
+    isotonic_fit,
+    predict,
+    rate_bin,
+    smallest_stable_group,
+)
+from sluice.control.group_size import GroupSizeConfig, GroupSizeController
+from sluice.control.planner import ControlState, Decision, GroupResult, Observation, fire_reason, plan_next
+
+__all__ = [
+    "ControlState",
+    "Decision",
+    "EpochPlan",
+    "EpochSizeConfig",
+    "EpochSizeController",
+    "GroupResult",
+    "GroupSizeConfig",
+    "GroupSizeController",
+    "Observation",
+    "fire_reason",
+    "isotonic_fit",
+    "plan_next",
+    "predict",
+    "rate_bin",
+    "smallest_stable_group",
+]

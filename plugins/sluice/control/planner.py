@@ -1,0 +1,133 @@
+"""The one entry point the backlog sensor calls: ``plan_next(state, observation) -> Decision``.
+
+``ControlState`` bundles the DyBBS epoch-size controller and the AIMD group-size controller; it
+round-trips through ``to_dict``/``from_dict`` as plain JSON, so the epoch store can persist it per
+pipeline and the controllers survive scheduler and triggerer restarts. ``plan_next`` is
+idempotent for a given observation (a finished group is folded in once, by ``group_id``), so the
+trigger may call it on every poll.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from sluice.control.epoch_size import EpochSizeConfig, EpochSizeController
+from sluice.control.group_size import GroupSizeConfig, GroupSizeController
+
+#: Decision reasons whose groups must not move the learning state (their size was not a probe).
+NON_ADAPTIVE = ("catch-up", "overload", "freshness", "idle")
+
+
+@dataclass(frozen=True)
+class GroupResult:
+    """What a finished group measured: files and seconds per epoch, and its coordination time
+    (Airflow scheduling + sensor delay + Spark start-up and warm-up = wall time - sum of epochs)."""
+
+    group_id: int
+    epoch_files: tuple[int, ...]
+    epoch_s: tuple[float, ...]
+    coordination_s: float
+    partitions: int
+    rate_rps: float
+    file_rate: float
+    reason: str = ""
+
+    @property
+    def wall_s(self) -> float:
+        return self.coordination_s + sum(self.epoch_s)
+
+
+@dataclass(frozen=True)
+class Observation:
+    """The sensor's view: arrival rate (records/s, files/s), backlog in files, the last group."""
+
+    rate_rps: float
+    file_rate: float
+    backlog_files: int
+    last_group: GroupResult | None = None
+
+
+@dataclass(frozen=True)
+class Decision:
+    """Plan for the next group: ``k`` epochs of ``epoch_size`` files with ``partitions``."""
+
+    epoch_size: int
+    k: int
+    partitions: int
+    reason: str
+    predicted_wall_s: float = 0.0
+
+    @property
+    def group_files(self) -> int:
+        """The backlog (files) that makes this group whole: the sensor's efficient-group threshold."""
+        return self.epoch_size * self.k
+
+    def epochs_for(self, backlog_files: int) -> int:
+        """Epochs the run plans from this backlog: never more than it holds (``protocol.plan_ranges``)."""
+        return max(0, min(self.k, math.ceil(backlog_files / self.epoch_size)))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "group_files": self.group_files}
+
+
+@dataclass
+class ControlState:
+    epoch: EpochSizeController = field(default_factory=EpochSizeController)
+    group: GroupSizeController = field(default_factory=GroupSizeController)
+    last_group_id: int | None = None
+    last_note: str = ""
+
+    @classmethod
+    def new(cls, epoch: EpochSizeConfig | None = None, group: GroupSizeConfig | None = None) -> ControlState:
+        return cls(EpochSizeController(epoch), GroupSizeController(group or GroupSizeConfig()))
+
+    def record(self, result: GroupResult) -> str:
+        """Fold in one finished group (once per ``group_id``); returns a note for the log."""
+        if result.group_id == self.last_group_id:
+            return self.last_note
+        if len(result.epoch_files) != len(result.epoch_s) or not result.epoch_files:
+            raise ValueError(f"group {result.group_id}: need one time per epoch")
+        self.group.observe(result.coordination_s, result.wall_s, len(result.epoch_files))
+        adaptive = not result.reason.startswith(NON_ADAPTIVE)
+        note = self.epoch.record(
+            rate_rps=result.rate_rps, file_rate=result.file_rate, partitions=result.partitions,
+            epoch_files=list(result.epoch_files), epoch_s=list(result.epoch_s),
+            coordination_s=result.coordination_s, coordination_ewma_s=self.group.coordination_s or 0.0,
+            k_cap=self.group.k, adaptive=adaptive)
+        self.last_group_id = result.group_id
+        self.last_note = f"k={self.group.k} ({self.group.last_action}); {note}"
+        return self.last_note
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"version": 1, "epoch": self.epoch.to_dict(), "group": self.group.to_dict(),
+                "last_group_id": self.last_group_id, "last_note": self.last_note}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ControlState:
+        if data.get("version") != 1:
+            raise ValueError(f"unknown control state version {data.get('version')!r}")
+        return cls(EpochSizeController.from_dict(data["epoch"]), GroupSizeController.from_dict(data["group"]),
+                   data["last_group_id"], data.get("last_note", ""))
+
+
+def plan_next(state: ControlState, observation: Observation) -> Decision:
+    """Fold in the last group (if new) and plan the next one."""
+    if observation.last_group is not None:
+        state.record(observation.last_group)
+    plan = state.epoch.propose(observation.rate_rps, observation.file_rate, state.group.coordination_s or 0.0,
+                               state.group.k, observation.backlog_files)
+    return Decision(plan.epoch_size, plan.k, plan.partitions, plan.reason, plan.predicted_wall_s)
+
+
+def fire_reason(decision: Decision, backlog_files: int, oldest_age_s: float, freshness_sla_s: float) -> str | None:
+    """Why the sensor should start the group now, or ``None`` to keep waiting: the backlog makes
+    the planned group whole, or waiting longer would break the freshness SLA."""
+    if backlog_files <= 0:
+        return None
+    if backlog_files >= decision.group_files:
+        return "efficient group"
+    if oldest_age_s + decision.predicted_wall_s >= freshness_sla_s:
+        return "freshness"
+    return None

@@ -1,0 +1,207 @@
+"""Operations against real Spark, Delta and Great Expectations, checked against oracles from
+the raw files: the rollback story of Structured Streaming §7.2 under the `fail` and
+`quarantine` policies, refused rollbacks, store loss and rebuild, and a poison record."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from include.generators.ysb import parse_valid
+from sluice import operations, protocol, service
+from sluice.errors import PipelineHaltedError, SluiceError
+from sluice.faults import InjectedFault
+from sluice.store import EpochLog
+from sluice.validation import ValidationFailedError
+from tests.pipelines import assert_matches_oracle, land, landed, make_pipeline, table_counts
+
+BUGGY = "tests.integration.buggy_transforms.campaign_views_null_campaign"
+
+
+@pytest.fixture
+def epoch_log():
+    log = EpochLog()
+    yield log
+    log.close()
+
+
+def states(epoch_log, spec) -> dict[int, str]:
+    return {e.epoch_id: e.state for e in epoch_log.epochs(spec.name)}
+
+
+def null_campaign_rows(spark, spec) -> int:
+    return spark.read.format("delta").load(spec.sinks[0].path).where("campaign_id IS NULL").count()
+
+
+def rollback_and_recompute(spark, spec, epoch_log, to_epoch: int) -> dict:
+    owner = service.cli_owner()
+    lease = epoch_log.acquire_lease(spec.name, owner)
+    report = operations.rollback(spec, epoch_log, spark, lease, to_epoch=to_epoch, reason="fixed transform",
+                                 recompute=True)
+    service.run(spec, epoch_log, owner, report["group_id"], spark)
+    service.validate(spec, epoch_log, owner)
+    service.checkpoint(spec, epoch_log, owner)
+    return report
+
+
+@pytest.mark.parametrize("policy", ["fail", "quarantine"])
+def test_rollback_story(spark, epoch_log, policy):
+    """A bad release nulls campaign_id from epoch 2 on; validation catches it; the transform is
+    fixed; roll back to epoch 2 and recompute: the table equals a clean run (the oracle)."""
+    name = f"story_{policy}"
+    spec = make_pipeline(name, **{"control.epoch_files": 2, "control.group_epochs": 2,
+                                  "validation.policy": policy, "spark.mode": "in_process"})
+    land(spec, files=8, seed=7)
+    service.run_once(spec, epoch_log, spark)  # epochs 0, 1 with the good transform
+    assert states(epoch_log, spec) == {0: "published", 1: "published"}
+    version_before = spark.sql(f"DESCRIBE HISTORY delta.`{spec.sinks[0].path}` LIMIT 1").first()["version"]
+
+    buggy = make_pipeline(name, transform=BUGGY, **{"control.epoch_files": 2, "control.group_epochs": 2,
+                                                     "validation.policy": policy, "spark.mode": "in_process"})
+    if policy == "fail":
+        with pytest.raises(ValidationFailedError, match=r"epoch 2 .*failed validation.*campaign_id"):
+            service.run_once(buggy, epoch_log, spark)
+        # Nothing of the bad epoch (or the one after it) reached the table.
+        assert states(epoch_log, spec) == {0: "published", 1: "published", 2: "failed", 3: "planned"}
+        assert null_campaign_rows(spark, spec) == 0
+        assert spark.sql(f"DESCRIBE HISTORY delta.`{spec.sinks[0].path}` LIMIT 1").first()["version"] == \
+            version_before
+        failed = epoch_log.epochs(spec.name)[2]
+        assert failed.validation["campaign_views"]["failed"][0]["expectation"] == \
+            "expect_column_values_to_not_be_null"
+        with pytest.raises(PipelineHaltedError, match="epoch 2 failed validation"):
+            service.run_once(spec, epoch_log, spark)
+    else:
+        service.run_once(buggy, epoch_log, spark, drain=True)
+        assert set(states(epoch_log, spec).values()) == {"published"}
+        assert null_campaign_rows(spark, spec) == 0, "failing rows must not reach the table"
+        quarantine = spark.read.format("delta").load(spec.quarantine_table)
+        per_epoch = {r["epoch"]: r["count"] for r in quarantine.groupBy("epoch").count().collect()}
+        assert set(per_epoch) == {2, 3}
+        recorded = {e.epoch_id: e.rows.get("quarantined", 0) for e in epoch_log.epochs(spec.name)}
+        assert recorded == {0: 0, 1: 0, 2: per_epoch[2], 3: per_epoch[3]}
+        row = json.loads(quarantine.first()["record"])
+        assert row["campaign_id"] is None and row["views"] >= 1
+        with pytest.raises(AssertionError):  # the published table is missing the quarantined views
+            assert_matches_oracle(spark, spec, epoch_log)
+
+    report = rollback_and_recompute(spark, spec, epoch_log, to_epoch=2)  # the fixed (original) transform
+    assert report["generation"] == 1
+    service.run_once(spec, epoch_log, spark, drain=True)
+    assert_matches_oracle(spark, spec, epoch_log)
+    assert epoch_log.generation(spec.name) == 1
+    old = epoch_log.epochs(spec.name, generation=0)
+    assert [e.state for e in old if e.epoch_id >= 2] == ["rolled_back", "rolled_back"]
+    if policy == "quarantine":  # the quarantined rows of the rolled-back epochs went with them
+        assert spark.read.format("delta").load(spec.quarantine_table).count() == 0
+
+
+def test_rollback_is_refused_past_retention_and_changes_nothing(spark, epoch_log):
+    spec = make_pipeline("refused", **{"control.epoch_files": 2, "control.group_epochs": 1,
+                                       "spark.mode": "in_process"})
+    land(spec, files=6, seed=8)
+    service.run_once(spec, epoch_log, spark, drain=True)
+    table = spec.sinks[0].path
+
+    def snapshot():
+        history = spark.sql(f"DESCRIBE HISTORY delta.`{table}`").select("version").collect()
+        return (epoch_log.generation(spec.name), states(epoch_log, spec), max(r[0] for r in history),
+                epoch_log.pending_rollback(spec.name), table_counts(spark, spec))
+
+    before = snapshot()
+    lease = epoch_log.acquire_lease(spec.name, "operator")
+    gone = landed(spec)[3]  # a file of epoch 1
+    moved = gone.with_name("_" + gone.name)
+    gone.rename(moved)
+    with pytest.raises(operations.RollbackRefusedError, match=f"source no longer holds.*{gone.name}"):
+        operations.rollback(spec, epoch_log, spark, lease, to_epoch=1, reason="test", recompute=True)
+    assert snapshot() == before
+    moved.rename(gone)
+
+    # Vacuum every file no longer in the latest version: epoch 0's version is gone.
+    spark.conf.set("spark.databricks.delta.retentionDurationCheck.enabled", "false")
+    try:
+        spark.sql(f"VACUUM delta.`{table}` RETAIN 0 HOURS")
+    finally:
+        spark.conf.unset("spark.databricks.delta.retentionDurationCheck.enabled")
+    before = snapshot()  # VACUUM itself commits (VACUUM START/END)
+    with pytest.raises(operations.RollbackRefusedError, match="vacuumed"):
+        operations.rollback(spec, epoch_log, spark, lease, to_epoch=1, reason="test", recompute=True)
+    assert snapshot() == before
+    epoch_log.release_lease(lease)
+
+
+def test_store_loss_rebuild_then_continue(spark, tmp_path):
+    """Lose the store after a group committed to Delta but before it was published; rebuild
+    from the epoch records; continue: nothing lost, nothing counted twice."""
+    spec = make_pipeline("rebuild", **{"control.epoch_files": 2, "control.group_epochs": 2,
+                                       "spark.mode": "in_process"})
+    db = tmp_path / "store.db"
+    epoch_log = EpochLog(f"sqlite:///{db}")
+    land(spec, files=12, seed=9)
+    service.run_once(spec, epoch_log, spark)  # group 0: epochs 0, 1 published
+    service.run_once(spec, epoch_log, spark, epoch_size=3, k=1)  # group 1: epoch 2 of 3 files
+    import os
+
+    os.environ["SLUICE_FAULT"] = "after_delta_commit@4"
+    try:
+        with pytest.raises(InjectedFault):  # epoch 3 committed, epoch 4 in Delta only, unpublished
+            service.run_once(spec, epoch_log, spark)
+    finally:
+        del os.environ["SLUICE_FAULT"]
+    assert states(epoch_log, spec) == {0: "published", 1: "published", 2: "published", 3: "committed",
+                                       4: "failed"}
+    epoch_log.close()
+    for f in db.parent.glob("store.db*"):
+        f.unlink()
+
+    rebuilt = EpochLog(f"sqlite:///{db}")
+    report = operations.rebuild_store(spec, rebuilt, spark, "rebuild-test")
+    assert report["epochs"] == 3 and report["files"] == 7
+    assert report["rolled_back_orphans"] is not None, "epochs 3 and 4 were in the tables: they must go"
+    assert report["generation"] == 1
+    assert [(e.epoch_id, e.start, e.end, e.state) for e in rebuilt.epochs(spec.name)] == \
+        [(0, 0, 2, "published"), (1, 2, 4, "published"), (2, 4, 7, "published")]
+    with pytest.raises(SluiceError, match="already holds"):
+        operations.rebuild_store(spec, rebuilt, spark, "rebuild-test")
+    service.run_once(spec, rebuilt, spark, drain=True)
+    assert_matches_oracle(spark, spec, rebuilt)
+    rebuilt.close()
+
+
+def test_poison_record_named_then_rejected_after_the_fix(spark, epoch_log):
+    """A record the spec's checks let through crashes the transform (ANSI cast): the group
+    fails naming its file and line; after the check is added, the rerun rejects it and every
+    other record lands exactly once."""
+    overrides = {"control.epoch_files": 3, "control.group_epochs": 2, "spark.mode": "in_process"}
+    spec = make_pipeline("poison", base="ysb_clean", **{**overrides, "source.checks": {}})
+    paths = land(spec, files=6, seed=10)
+    target = paths[4]
+    lines = target.read_text().split("\n")
+    n = next(i for i, line in enumerate(lines) if '"event_type": "view"' in line) + 1
+    lines[n - 1] = lines[n - 1].replace('"event_time": "', '"event_time": "x', 1)
+    target.write_text("\n".join(lines))
+
+    with pytest.raises(SluiceError, match=rf"epoch 1 .*poison record at {target} line {n}:"):
+        service.run_once(spec, epoch_log, spark, drain=True)
+    assert states(epoch_log, spec) == {0: "committed", 1: "failed"}  # one group: epochs 0 and 1
+    assert str(target) in epoch_log.epochs(spec.name)[1].error
+
+    fixed = make_pipeline("poison", base="ysb_clean", **overrides)  # the shipped check rejects it
+    service.run_once(fixed, epoch_log, spark, drain=True)
+    assert set(states(epoch_log, spec).values()) == {"published"}
+    rows = spark.read.format("delta").load(spec.sinks[0].path).collect()
+    got = Counter((r["ad_id"], int(r["event_time"].timestamp() * 1000)) for r in rows)
+    expected: Counter = Counter()
+    for path in landed(spec):
+        for line in Path(path).read_text().split("\n"):
+            event = parse_valid(line) if line.strip() else None
+            if event and event["event_type"] == "view":
+                expected[(event["ad_id"], int(event["event_time"]))] += 1
+    assert got == expected
+    rejected = spark.read.format("delta").load(spec.rejected_table).collect()
+    assert (str(target), n) in {(r["file"], r["line"]) for r in rejected}
+    assert protocol.PUBLISHED == epoch_log.epochs(spec.name)[1].state

@@ -1,0 +1,140 @@
+"""Unit tests of the epoch log's side of rollbacks, halts and store rebuilds, and of choosing
+the live epoch records (no Spark, no Airflow)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+_PLUGINS = str(Path(__file__).resolve().parents[2] / "plugins")
+if _PLUGINS not in sys.path:
+    sys.path.insert(0, _PLUGINS)
+
+from sluice import protocol  # noqa: E402
+from sluice.errors import ProtocolError  # noqa: E402
+from sluice.store import EpochLog  # noqa: E402
+from tests.unit.test_epoch_log import commit_all, files  # noqa: E402
+
+P = "pipe"
+
+
+@pytest.fixture
+def log(tmp_path: Path):
+    epoch_log = EpochLog(f"sqlite:///{tmp_path}/s.db")
+    yield epoch_log
+    epoch_log.close()
+
+
+def published_groups(log: EpochLog, n_groups: int, epoch_size: int = 2, k: int = 2) -> None:
+    log.register_files(P, files(n_groups * epoch_size * k))
+    for _ in range(n_groups):
+        lease = log.acquire_lease(P, "run")
+        group = log.plan_group(lease, epoch_size=epoch_size, k=k)
+        commit_all(log, lease, group)
+        log.finish_group(lease, group.group_id, protocol.PUBLISHED)
+        log.release_lease(lease)
+
+
+def test_rollback_bumps_generation_carries_the_prefix_and_replans_exact_ranges(log):
+    published_groups(log, 3)  # epochs 0..5, ranges of 2 files
+    plan = log.rollback_plan(P, 3)
+    assert [e.epoch_id for e in plan.kept] == [0, 1, 2] and [e.epoch_id for e in plan.rolled_back] == [3, 4, 5]
+    lease = log.acquire_lease(P, "op")
+    log.begin_rollback(lease, {"to_epoch": 3, "reason": "bad release"})
+    assert "rollback to epoch 3" in log.halt_reason(P, 3)
+    with pytest.raises(ProtocolError, match="did not finish"):  # no planning on half-restored tables
+        log.plan_group(lease, epoch_size=2, k=2)
+    gen, group = log.finish_rollback(lease, plan, replan=True, reason="bad release")
+    assert gen == 1 and log.generation(P) == 1 and log.halt_reason(P, 3) is None
+    assert [(e.epoch_id, e.start, e.end, e.state) for e in group.epochs] == [
+        (3, 6, 8, "planned"), (4, 8, 10, "planned"), (5, 10, 12, "planned")]
+    current = log.epochs(P)
+    assert [(e.epoch_id, e.state, e.generation) for e in current[:3]] == [
+        (0, "published", 1), (1, "published", 1), (2, "published", 1)]
+    assert current[0].delta_versions == {"out": 0}, "carried epochs keep their Delta versions"
+    assert {e.state for e in log.epochs(P, generation=0) if e.epoch_id >= 3} == {protocol.ROLLED_BACK}
+    assert log.unpublished_groups(P, "op")[0].group_id == group.group_id
+    protocol.check_contiguous((e.epoch_id, e.start, e.end) for e in current)
+
+
+def test_rollback_without_recompute_rewinds_the_source(log):
+    published_groups(log, 2)
+    lease = log.acquire_lease(P, "op")
+    gen, group = log.finish_rollback(lease, log.rollback_plan(P, 1), replan=False, reason="r")
+    assert group is None and gen == 1
+    assert log.next_offset(P) == 2  # the end of epoch 0: epoch 1's files are planned again
+    regrouped = log.plan_group(lease, epoch_size=3, k=10)
+    assert [(e.epoch_id, e.start, e.end) for e in regrouped.epochs] == [(1, 2, 5), (2, 5, 8)]
+
+
+def test_backfill_share_replans_later_epochs_for_the_next_run(log):
+    published_groups(log, 2)  # epochs 0..3
+    lease = log.acquire_lease(P, "backfill-1")
+    _, group = log.finish_rollback(lease, log.rollback_plan(P, 1), replan=True, reason="b", through_epoch=2)
+    assert group.epoch_ids == [1, 2]
+    later = next(e for e in log.epochs(P) if e.epoch_id == 3)
+    assert later.state == protocol.PLANNED and later.group_id != group.group_id
+    commit_all(log, lease, group)
+    log.finish_group(lease, group.group_id, protocol.PUBLISHED)
+    log.release_lease(lease)
+    lease = log.acquire_lease(P, "backfill-2")
+    share = log.plan_group(lease, epoch_size=2, k=2, only_leftovers=True, through_epoch=3)
+    assert [(e.epoch_id, e.start, e.end) for e in share.epochs] == [(3, 6, 8)]
+
+
+def test_rollback_refuses_unknown_epochs_and_unwritten_epochs_before_it(log):
+    published_groups(log, 1)
+    with pytest.raises(ProtocolError, match=r"holds epochs 0\.\.1"):
+        log.rollback_plan(P, 5)
+    log.register_files(P, files(4, start=4))
+    lease = log.acquire_lease(P, "run")
+    group = log.plan_group(lease, epoch_size=2, k=2)  # epochs 2, 3 planned, never written
+    log.mark_failed(lease, group.epochs[0], "boom")
+    with pytest.raises(ProtocolError, match=r"epochs \[2, 3\] before epoch 4 are not written"):
+        log.rollback_plan(P, 4)
+    assert [e.epoch_id for e in log.rollback_plan(P, 2).rolled_back] == [2, 3]
+
+
+def test_halt_on_validation_failure_and_on_repeated_failures(log):
+    log.register_files(P, files(4))
+    lease = log.acquire_lease(P, "run")
+    group = log.plan_group(lease, epoch_size=2, k=2)
+    first, second = group.epochs
+    log.start_attempt(lease, first)
+    log.mark_failed(lease, first, "Py4JJavaError: boom")
+    assert log.halt_reason(P, max_attempts=3) is None  # one failure: the next run retries
+    log.start_attempt(lease, first)
+    log.start_attempt(lease, first)
+    assert "failed 3 times" in log.halt_reason(P, max_attempts=3)
+    log.mark_committed(lease, first, delta_versions={}, rows={}, timings={})
+    log.mark_failed(lease, second, "validation failed: out: ...",
+                    validation={"out": {"success": False, "failed": [{"expectation": "x"}]}})
+    assert "epoch 1 failed validation" in log.halt_reason(P, max_attempts=3)
+
+
+def test_load_records_rebuilds_manifest_epochs_and_groups(log):
+    records = [{"epoch_id": 0, "group_id": 0, "start": 0, "end": 2, "delta_versions": {"out": 1}},
+               {"epoch_id": 1, "group_id": 1, "start": 2, "end": 3, "delta_versions": {"out": 2}}]
+    manifest = [(i, f"/landing/f{i}.json", 10, 100.0 + i) for i in range(3)]
+    log.load_records(P, 2, manifest, records)
+    assert log.generation(P) == 2 and log.manifest_end(P) == 3
+    assert [(e.epoch_id, e.start, e.end, e.state) for e in log.epochs(P)] == [
+        (0, 0, 2, "published"), (1, 2, 3, "published")]
+    assert log.next_offset(P) == 3
+    assert [g.state for g in log.groups(P)] == ["published", "published"]
+
+
+def test_live_records_drop_what_a_later_rollback_undid():
+    from sluice.operations import live_records
+
+    def rec(epoch: int, gen: int) -> dict:
+        return {"epoch_id": epoch, "generation": gen, "start": epoch, "end": epoch + 1}
+
+    epochs = [rec(0, 0), rec(1, 0), rec(2, 0), rec(3, 0), rec(2, 1), rec(3, 2)]
+    rollbacks = [{"generation": 1, "to_epoch": 2}, {"generation": 2, "to_epoch": 3}]
+    live = live_records(epochs, rollbacks)
+    assert [(r["epoch_id"], r["generation"]) for r in live] == [(0, 0), (1, 0), (2, 1), (3, 2)]
+    # A rollback with no recompute yet: epochs >= 1 are gone from the live set.
+    assert [r["epoch_id"] for r in live_records(epochs[:4], [{"generation": 1, "to_epoch": 1}])] == [0]
