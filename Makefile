@@ -17,7 +17,7 @@ export PYSPARK_PYTHON := $(PY)
 export PATH := $(VENV)/bin:$(PATH)
 export PYTHONPATH := $(CURDIR)/plugins:$(CURDIR)
 
-.PHONY: help setup venv jars demo test lint airflow generate store-rebuild bench-control clean
+.PHONY: help setup venv jars demo test lint airflow generate store-rebuild bench-control bench-control-e2e clean
 
 help:
 	@echo "make demo      set up, generate YSB data, run the ysb DAG through Airflow, print results"
@@ -26,6 +26,7 @@ help:
 	@echo "make generate  land more YSB data (RATE=, DURATION=, FILES_PER_SECOND=, SEED=, LATE=, OUT=)"
 	@echo "make store-rebuild PIPELINE=<name>  rebuild a lost epoch store from the tables' epoch records"
 	@echo "make bench-control  simulate the adaptive controllers on rate traces (bench/results/control.*)"
+	@echo "make bench-control-e2e  the controllers on Spark, YSB at a sinusoidal rate, ~15 min (control_e2e.*)"
 
 setup: venv jars
 
@@ -75,6 +76,9 @@ store-rebuild: setup
 
 bench-control: venv
 	@$(PY) -m bench.control
+
+bench-control-e2e: setup
+	@$(PY) -m bench.control_e2e
 
 clean:
 	rm -rf var/landing var/tables var/airflow var/sluice.db* var/demo

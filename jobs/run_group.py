@@ -42,6 +42,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--drain", action="store_true", help="with --plan: repeat until the backlog is empty")
     parser.add_argument("--epoch-size", type=int)
     parser.add_argument("-k", type=int)
+    parser.add_argument("--plan-extra", type=json.loads, default=None,
+                        help="with --plan: JSON recorded in the group's plan (the controllers' decision)")
     parser.add_argument("--store-url", help="epoch store URL (default $SLUICE_STORE_URL)")
     args = parser.parse_args(argv)
     if (args.group is None) == (not args.plan):
@@ -55,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.plan:  # plan first: a busy or idle pipeline is reported before a JVM starts
         result: object = service.run_once(spec, epoch_log, spark, owner=args.owner, epoch_size=args.epoch_size,
-                                          k=args.k, drain=args.drain)
+                                          k=args.k, drain=args.drain, extra=args.plan_extra)
     else:
         result = service.run(spec, epoch_log, args.owner or service.cli_owner(), group_id, spark())
     print(json.dumps(result, default=str))

@@ -22,6 +22,9 @@ def make_pipeline(name: str, base: str = "ysb", **overrides: Any) -> PipelineSpe
     raw["source"]["path"] = f"${{SLUICE_DATA_DIR}}/{name}/landing"
     for sink in raw["sinks"]:
         sink["path"] = f"${{SLUICE_DATA_DIR}}/{name}/tables/{sink['name']}"
+    # Tests pin the sizes (adaptive sizing has its own tests) and start a group a few seconds
+    # after data lands, whatever its size.
+    raw["control"].update({"adaptive": False, "freshness_sla_s": 5})
     for key, value in overrides.items():  # "control.epoch_files": 2, "spark.mode": "in_process", ...
         section, _, field = key.partition(".")
         if field:

@@ -7,6 +7,7 @@ survives restarts of the scheduler, the triggerer and the workers.
 from __future__ import annotations
 
 import logging
+import math
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -68,7 +69,9 @@ def arrival_rates(spec: PipelineSpec, epoch_log: EpochLog, mtimes: list[float],
     recent = [m for m in mtimes if now - window <= m <= now]
     if not recent:
         return 0.0, 0.0
-    file_rate = len(recent) / window
+    # Arrivals that began within the window are measured over the time since they began.
+    span = window if len(recent) < len(mtimes) else max(now - min(recent), spec.control.poll_interval_s, 1.0)
+    file_rate = len(recent) / span
     per_file = records_per_file(spec, epoch_log) or 1.0
     return file_rate * per_file, file_rate
 
@@ -84,11 +87,25 @@ def decide(spec: PipelineSpec, epoch_log: EpochLog, backlog_files: int, oldest_a
     if not spec.control.adaptive:
         decision = Decision(spec.control.epoch_files, spec.control.group_epochs, decision.partitions,
                             "fixed sizes (control.adaptive: false)", decision.predicted_wall_s)
+    elif rate_rps == 0 and backlog_files > 0:
+        decision = drain_decision(spec, epoch_log, state, backlog_files, decision)
     if continuous:
         fire = fire_reason(decision, backlog_files, oldest_age_s or 0.0, spec.control.freshness_sla_s)
     else:
         fire = "scheduled" if backlog_files > 0 else None
     return Verdict(decision, fire, rate_rps, file_rate)
+
+
+def drain_decision(spec: PipelineSpec, epoch_log: EpochLog, state: ControlState, backlog_files: int,
+                   idle: Decision) -> Decision:
+    """Nothing arrives any more but a backlog waits: one group for all of it, in epochs as large
+    as the memory budget allows (there is no arrival rate to size them against)."""
+    per_file = records_per_file(spec, epoch_log)
+    cap = max(1, int(state.epoch.config.max_epoch_records / per_file)) if per_file else spec.control.epoch_files
+    epoch_size = min(backlog_files, cap)
+    k = min(math.ceil(backlog_files / epoch_size), spec.control.max_group_epochs)
+    return Decision(epoch_size, k, idle.partitions, "drain: no arrivals, the whole backlog in one group",
+                    idle.predicted_wall_s)
 
 
 def record_group(spec: PipelineSpec, epoch_log: EpochLog, group: Group, now: float | None = None) -> str | None:

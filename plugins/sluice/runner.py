@@ -112,6 +112,9 @@ class GroupRunner:
         that fails validation is recorded as failed and the group stops there: nothing of it
         or of later epochs is written, and the ``validate`` step halts the pipeline."""
         faults.maybe_fail("after_plan")
+        partitions = group.plan.get("partitions")
+        if partitions and self.spec.control.adaptive:  # the controllers' partition count (DyBBS hill climb)
+            self.spark.conf.set("spark.sql.shuffle.partitions", str(partitions))
         for epoch in group.epochs:
             if epoch.state in (protocol.COMMITTED, protocol.PUBLISHED):
                 continue
@@ -131,7 +134,7 @@ class GroupRunner:
                 self.log.mark_failed(lease, epoch, message)
                 raise SluiceError(f"pipeline {self.spec.name!r} epoch {epoch.epoch_id} "
                                   f"(offsets [{epoch.start}, {epoch.end})) failed: {message}") from exc
-            if not committed:
+            if committed is None:
                 break
         self.maybe_optimize(group)
         return self.log.group(self.spec.name, group.group_id)
@@ -142,9 +145,9 @@ class GroupRunner:
             outputs = {self.sinks[0].spec.name: outputs}
         return outputs
 
-    def run_epoch(self, lease: Lease, epoch: Epoch) -> bool:
-        """Read, transform, validate and write one epoch; returns False when it failed
-        validation under the ``fail`` policy (nothing written)."""
+    def run_epoch(self, lease: Lease, epoch: Epoch) -> dict[str, Any] | None:
+        """Read, transform, validate and write one epoch; returns what it wrote, or ``None``
+        when it failed validation under the ``fail`` policy (nothing written)."""
         timings: dict[str, float] = {}
         t0 = time.monotonic()
         self.log.start_attempt(lease, epoch)
@@ -178,7 +181,7 @@ class GroupRunner:
             if failures and policy == "fail":
                 self.log.mark_failed(lease, epoch, "validation failed: " + validation.describe(recorded),
                                      validation=recorded, rows={"input": n_input})
-                return False
+                return None
             commits: list[SinkCommit] = []
             writes = ([(self.rejected, rejected, True)] + [(q, frame, True) for q, frame in quarantined]
                       + [(s, outputs[s.spec.name], False) for s in self.sinks])
@@ -203,7 +206,7 @@ class GroupRunner:
         result = {"epoch": epoch.epoch_id, "range": [epoch.start, epoch.end], "rows": rows,
                   "commits": [describe(c) for c in commits], "timings": timings}
         log.info("pipeline %s epoch %s committed: %s", self.spec.name, epoch.epoch_id, json.dumps(result))
-        return True
+        return result
 
     def locate_poison(self, epoch: Epoch, max_probes: int = 40) -> tuple[str, int, str] | None:
         """The first record of the epoch that alone makes the transform fail, by bisection

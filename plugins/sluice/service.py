@@ -11,7 +11,7 @@ import os
 import socket
 from typing import TYPE_CHECKING, Any
 
-from sluice import operations, protocol, validation
+from sluice import adaptive, operations, protocol, validation
 from sluice.errors import FencedError, PipelineHaltedError
 from sluice.runner import GroupRunner, publish
 from sluice.sources import FileSource
@@ -33,7 +33,7 @@ def cli_owner() -> str:
 def plan(spec: PipelineSpec, epoch_log: EpochLog, owner: str, *, epoch_size: int | None = None,
          k: int | None = None, reason: str = "backlog", take_over_prefix: str | None = None,
          recover: bool = False, interval: tuple[float, float] | None = None,
-         resume_own: bool = False) -> dict[str, Any] | None:
+         resume_own: bool = False, extra: dict[str, Any] | None = None) -> dict[str, Any] | None:
     """Take the lease, discover new files, and plan the next group (or re-plan a dead run's).
 
     Returns the group as a JSON-able record, or ``None`` (lease released) when there is
@@ -59,7 +59,7 @@ def plan(spec: PipelineSpec, epoch_log: EpochLog, owner: str, *, epoch_size: int
         else:
             FileSource(spec, epoch_log).discover()
             group = epoch_log.plan_group(lease, epoch_size=epoch_size or spec.control.epoch_files,
-                                         k=k or spec.control.group_epochs, plan={"reason": reason},
+                                         k=k or spec.control.group_epochs, plan={**(extra or {}), "reason": reason},
                                          only_leftovers=recover)
             planned = group and group.as_record()
     except BaseException:
@@ -152,6 +152,12 @@ def checkpoint(spec: PipelineSpec, epoch_log: EpochLog, owner: str, group_id: in
     lease = epoch_log.current_lease(spec.name, owner)
     groups = [publish(spec, epoch_log, lease, g.group_id) for g in epoch_log.unpublished_groups(spec.name, owner)]
     epoch_log.release_lease(lease)
+    if spec.control.adaptive:
+        for g in groups:
+            try:
+                adaptive.record_group(spec, epoch_log, g)
+            except Exception:  # the controllers learn nothing from this group; publishing stands
+                log.exception("pipeline %s: could not record group %s for the controllers", spec.name, g.group_id)
     backlog = FileSource(spec, epoch_log).backlog()
     published = [e for g in groups for e in g.epochs]
     return {"groups": [g.as_record() for g in groups], "group": groups[-1].as_record() if groups else None,
@@ -172,7 +178,7 @@ def release(spec: PipelineSpec, epoch_log: EpochLog, owner: str) -> bool:
 
 def run_once(spec: PipelineSpec, epoch_log: EpochLog, spark: SparkSession | Callable[[], SparkSession], *,
              owner: str | None = None, epoch_size: int | None = None, k: int | None = None,
-             drain: bool = False) -> list[dict[str, Any]]:
+             drain: bool = False, extra: dict[str, Any] | None = None) -> list[dict[str, Any]]:
     """Plan, run and publish groups until there is nothing left (``drain``) or once.
 
     ``spark`` may be a factory: the session is then started only once a group is planned, so
@@ -181,7 +187,8 @@ def run_once(spec: PipelineSpec, epoch_log: EpochLog, spark: SparkSession | Call
     owner = owner or cli_owner()
     done = []
     while True:
-        planned = plan(spec, epoch_log, owner, epoch_size=epoch_size, k=k)
+        planned = plan(spec, epoch_log, owner, epoch_size=epoch_size, k=k, extra=extra,
+                       reason=(extra or {}).get("reason", "backlog"))
         if planned is None:
             break
         try:

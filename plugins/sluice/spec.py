@@ -73,9 +73,15 @@ class SinkSpec(_Strict):
 
 
 class ControlSpec(_Strict):
-    epoch_files: int = Field(4, ge=1, le=100_000, description="epoch size, in source files")
+    adaptive: bool = Field(False, description="size epochs (DyBBS) and groups (Drizzle AIMD) from measurements; "
+                                              "false: the fixed sizes below")
+    epoch_files: int = Field(4, ge=1, le=100_000, description="epoch size, in source files (the start, if adaptive)")
     group_epochs: int = Field(3, ge=1, le=1000, description="k: epochs per group (one Spark application)")
-    freshness_sla_s: float = Field(300, gt=0)
+    max_group_epochs: int = Field(64, ge=1, le=1000, description="adaptive: the largest k")
+    freshness_sla_s: float = Field(300, gt=0, description="the sensor starts a group before its oldest data "
+                                                          "would miss this")
+    sensor_mode: Literal["deferrable", "reschedule"] = Field(
+        "deferrable", description="reschedule: for deployments without a triggerer")
     poll_interval_s: float = Field(5, gt=0)
     sensor_timeout_s: float = Field(6 * 3600, gt=0)
     lease_ttl_s: float = Field(600, gt=0)

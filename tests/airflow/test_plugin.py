@@ -53,3 +53,10 @@ def test_epoch_api_serves_the_store():
     assert client.get("/pipelines/no_such_pipeline/epochs").status_code == 404
     names = {p["pipeline"] for p in client.get("/pipelines").json()}
     assert {"ysb", "api_probe"} <= names
+    control = client.get(f"/pipelines/{spec.name}/control").json()
+    assert control["backlog"]["files"] == 0 and control["next"]["fire"] is None, control
+    (spec.landing_dir / "b.json").write_text("{}\n")
+    control = client.get(f"/pipelines/{spec.name}/control").json()
+    assert control["backlog"]["files"] == 1 and control["next"]["epoch_size"] == spec.control.epoch_files, control
+    assert client.get("/pipelines/no_such_pipeline/control").status_code == 404
+    log.close()

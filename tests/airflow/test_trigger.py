@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import asyncio
 import importlib
+import os
+import time
 
-from sluice.airflow.triggers import BacklogTrigger
-from tests.pipelines import land, make_pipeline
+from sluice.airflow.triggers import BacklogTrigger, check_backlog
+from sluice.store import EpochLog
+from tests.pipelines import land, landed, make_pipeline
 
 
 def first_event(trigger: BacklogTrigger, timeout: float = 10.0) -> dict:
@@ -29,12 +32,12 @@ def test_serialize_round_trips_through_its_class_path():
 
 
 def test_fires_once_files_land():
-    spec = make_pipeline("trigger_fires")
-    trigger = BacklogTrigger(spec.name, poll_interval=0.2, min_files=2)
+    spec = make_pipeline("trigger_fires", **{"control.epoch_files": 1, "control.group_epochs": 2})
+    trigger = BacklogTrigger(spec.name, poll_interval=0.2)
 
     async def land_later() -> dict:
         async def writer() -> None:
-            await asyncio.sleep(0.6)
+            await asyncio.sleep(1.5)
             land(spec, files=2)
 
         task = asyncio.create_task(writer())
@@ -45,6 +48,8 @@ def test_fires_once_files_land():
 
     payload = asyncio.run(asyncio.wait_for(land_later(), 15))
     assert payload["status"] == "ready" and payload["backlog"]["files"] == 2
+    assert payload["plan"]["reason"].startswith("efficient group"), payload
+    assert (payload["plan"]["epoch_size"], payload["plan"]["k"]) == (1, 2)
     assert payload["polls"] >= 2, "it must have polled an empty folder first"
 
 
@@ -54,3 +59,22 @@ def test_missing_landing_folder_is_an_error_event_naming_folder_and_pipeline():
     payload = first_event(BacklogTrigger(spec.name, poll_interval=0.1))
     assert payload["status"] == "error"
     assert str(spec.landing_dir) in payload["message"] and "'trigger_missing'" in payload["message"]
+
+
+def test_waits_for_an_efficient_group_or_the_freshness_sla():
+    """Epochs of 2 files, k = 2: one fresh file is not worth a Spark application yet; it is
+    once it gets close to the freshness SLA (5 s here), or once 4 files wait."""
+    spec = make_pipeline("trigger_rules", **{"control.epoch_files": 2, "control.group_epochs": 2})
+    log = EpochLog()
+    land(spec, files=1, seed=1)
+    assert check_backlog(spec.name, None, epoch_log=log) is None
+    scheduled = check_backlog(spec.name, None, epoch_log=log, continuous=False)
+    assert scheduled["plan"]["reason"].startswith("scheduled"), "a cron run takes any backlog"
+    old = time.time() - 6
+    os.utime(landed(spec)[0], (old, old))
+    ready = check_backlog(spec.name, None, epoch_log=log)
+    assert ready["plan"]["reason"].startswith("freshness") and ready["backlog"]["files"] == 1, ready
+    land(spec, files=3, seed=2)
+    ready = check_backlog(spec.name, None, epoch_log=log)
+    assert ready["plan"]["reason"].startswith("efficient group") and ready["backlog"]["files"] == 4, ready
+    log.close()

@@ -68,7 +68,8 @@ def build_dag(spec: PipelineSpec) -> DAG:
         # the next run starts waiting). A scheduled run that finds nothing skips after one
         # poll instead, so it never blocks the next scheduled run (max_active_runs=1).
         continuous = spec.schedule == "@continuous"
-        wait = BacklogSensor(task_id="wait_for_backlog", pipeline=spec.name,
+        wait = BacklogSensor(task_id="wait_for_backlog", pipeline=spec.name, continuous=continuous,
+                             deferrable=spec.control.sensor_mode == "deferrable",
                              poke_interval=spec.control.poll_interval_s,
                              timeout=spec.control.sensor_timeout_s if continuous else spec.control.poll_interval_s,
                              soft_fail=True, retries=0)

@@ -21,6 +21,9 @@ from sluice.spec import PipelineSpec, SinkSpec, get_spec
 from sluice.store import EpochLog, store_url
 from sluice.validation import ValidationFailedError
 
+#: What the sensor's plan adds to the group's record (for the controllers and the epoch log).
+PLAN_KEYS = ("partitions", "fired_at", "rate_rps", "file_rate", "predicted_wall_s")
+
 
 def lease_owner(dag_id: str, run_id: str) -> str:
     """Lease owner of one DAG run. Runs of one DAG share the prefix ``airflow:<dag_id>:``."""
@@ -94,11 +97,12 @@ class PlanGroupOperator(BaseOperator):
             self.log.info("Backfill run: recomputing the epochs whose data arrived in [%s, %s)", start, end)
         take_over = f"airflow:{spec.name}:" if self.recover and params.get("take_over") else f"airflow:{dag_id}:"
         try:
+            extra = {key: sensed[key] for key in PLAN_KEYS if sensed.get(key) is not None}
             group = service.plan(spec, log, lease_owner(dag_id, run_id),
                                  epoch_size=params.get("epoch_size") or sensed.get("epoch_size"),
                                  k=params.get("k") or sensed.get("k"), reason=sensed.get("reason", "manual"),
                                  take_over_prefix=take_over, recover=self.recover, interval=interval,
-                                 resume_own=True)
+                                 resume_own=True, extra=extra)
         except PipelineHaltedError as exc:
             raise AirflowFailException(str(exc)) from None
         finally:

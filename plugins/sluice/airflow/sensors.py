@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any
@@ -10,23 +11,23 @@ from airflow.sdk import BaseSensorOperator, PokeReturnValue
 from airflow.sdk.exceptions import AirflowException
 
 from sluice.airflow.triggers import BacklogTrigger, check_backlog
-from sluice.spec import get_spec
 
 
-def plan_from(pipeline: str, backlog: dict[str, Any], params: dict[str, Any]) -> dict[str, Any]:
-    """Epoch size and k for the group: the spec's, unless the run's params override them."""
-    control = get_spec(pipeline).control
-    return {
-        "epoch_size": params.get("epoch_size") or control.epoch_files,
-        "k": params.get("k") or control.group_epochs,
-        "reason": "backlog",
-        "backlog": backlog,
-    }
+def plan_from(ready: dict[str, Any], params: dict[str, Any]) -> dict[str, Any]:
+    """The group's plan: the controllers' (``ready["plan"]``) unless the run's params override
+    epoch size or k; ``fired_at`` starts the group's wall-clock time."""
+    plan = dict(ready["plan"], backlog=ready["backlog"], fired_at=time.time())
+    for key in ("epoch_size", "k"):
+        if params.get(key):
+            plan[key] = params[key]
+            plan["reason"] = f"{plan['reason']} ({key} {params[key]} from the run's params)"
+    return plan
 
 
 class BacklogSensor(BaseSensorOperator):
-    """Waits until the pipeline's source has a backlog; returns ``{epoch_size, k, reason,
-    backlog}``.
+    """Waits until the pipeline's next group should start: the backlog makes an efficient
+    group, or waiting longer would break the freshness SLA (a scheduled run: any backlog).
+    Returns the plan ``{epoch_size, k, partitions, reason, ...}``.
 
     Deferrable by default (no worker slot while waiting); with ``deferrable=False`` it pokes
     in ``reschedule`` mode, for deployments without a triggerer.
@@ -35,12 +36,14 @@ class BacklogSensor(BaseSensorOperator):
     template_fields: Sequence[str] = ("pipeline",)
     ui_color = "#cde6f7"
 
-    def __init__(self, *, pipeline: str, deferrable: bool = True, min_files: int = 1, **kwargs: Any) -> None:
+    def __init__(self, *, pipeline: str, deferrable: bool = True, min_files: int = 1, continuous: bool = True,
+                 **kwargs: Any) -> None:
         kwargs.setdefault("mode", "poke" if deferrable else "reschedule")
         super().__init__(**kwargs)
         self.pipeline = pipeline
         self.deferrable = deferrable
         self.min_files = min_files
+        self.continuous = continuous
 
     def _store_url(self) -> str:
         from sluice.store import store_url
@@ -48,16 +51,16 @@ class BacklogSensor(BaseSensorOperator):
         return store_url()
 
     def poke(self, context: Any) -> PokeReturnValue:
-        backlog = check_backlog(self.pipeline, self._store_url(), self.min_files)
-        if backlog is None:
+        ready = check_backlog(self.pipeline, self._store_url(), self.min_files, continuous=self.continuous)
+        if ready is None:
             return PokeReturnValue(False)
-        return PokeReturnValue(True, plan_from(self.pipeline, backlog, context["params"]))
+        return PokeReturnValue(True, plan_from(ready, context["params"]))
 
     def execute(self, context: Any) -> Any:
         dag_run = context["dag_run"]
         if str(getattr(dag_run.run_type, "value", dag_run.run_type)) == "backfill":
             # A backfill run recomputes past epochs: it does not wait for new data.
-            return {"epoch_size": None, "k": None, "reason": "backfill", "backlog": None}
+            return {"epoch_size": None, "k": None, "reason": "backfill", "backlog": None, "fired_at": time.time()}
         if not self.deferrable:
             return super().execute(context)
         # Fire at once if the backlog is already there: no round trip through the triggerer.
@@ -65,7 +68,7 @@ class BacklogSensor(BaseSensorOperator):
         if ready:
             return ready.xcom_value
         self.defer(trigger=BacklogTrigger(self.pipeline, self._store_url(), float(self.poke_interval),
-                                          self.min_files),
+                                          self.min_files, self.continuous),
                    method_name="execute_complete", timeout=timedelta(seconds=self.timeout))
 
     def execute_complete(self, context: Any, event: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -74,4 +77,4 @@ class BacklogSensor(BaseSensorOperator):
             raise AirflowException(f"pipeline {self.pipeline!r}: backlog trigger failed: {message}")
         self.log.info("pipeline %s: backlog %s after %s polls (%.1f s)", self.pipeline, event["backlog"],
                       event["polls"], event["waited_s"])
-        return plan_from(self.pipeline, event["backlog"], context["params"])
+        return plan_from(event, context["params"])

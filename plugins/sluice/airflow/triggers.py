@@ -1,4 +1,4 @@
-"""``BacklogTrigger``: waits, in the triggerer, until a pipeline's source has a backlog."""
+"""``BacklogTrigger``: waits, in the triggerer, until a pipeline's next group should start."""
 
 from __future__ import annotations
 
@@ -9,14 +9,18 @@ from typing import Any
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
+from sluice import adaptive
 from sluice.store import EpochLog
 
 
-def check_backlog(pipeline: str, store_url: str | None, min_files: int,
-                  epoch_log: EpochLog | None = None) -> dict[str, Any] | None:
-    """One poll: the backlog as a dict when a group should start, else ``None``.
+def check_backlog(pipeline: str, store_url: str | None, min_files: int = 1, epoch_log: EpochLog | None = None,
+                  continuous: bool = True) -> dict[str, Any] | None:
+    """One poll: ``{"backlog", "plan"}`` when a group should start, else ``None``.
 
-    Blocking (file listing, SQL): the trigger runs it in a thread, with its own ``EpochLog``.
+    It starts when the backlog makes the planned group whole, or when waiting longer would
+    break the freshness SLA (``continuous``); a scheduled run starts on any backlog. The plan
+    (epoch size, k, partitions, reason) comes from the adaptive controllers
+    (``sluice.adaptive``). Blocking (file listing, SQL): the trigger runs it in a thread.
     """
     from sluice.sources import FileSource
     from sluice.spec import get_spec
@@ -24,17 +28,23 @@ def check_backlog(pipeline: str, store_url: str | None, min_files: int,
     spec = get_spec(pipeline)
     log = epoch_log or EpochLog(store_url)
     try:
-        backlog = FileSource(spec, log).backlog()
+        source = FileSource(spec, log)
+        listing = source.list_folder()
+        backlog = source.backlog(listing)
+        if backlog.files < min_files or log.halt_reason(spec.name, spec.control.max_attempts):
+            return None  # a halted pipeline waits for an operator (sluice_recover, sluice_rollback)
+        verdict = adaptive.decide(spec, log, backlog.files, backlog.oldest_age_s, [f[2] for f in listing],
+                                  continuous=continuous)
     finally:
         if epoch_log is None:
             log.close()
-    if backlog.files >= min_files:
-        return backlog.as_dict()
-    return None
+    if verdict.fire is None:
+        return None
+    return {"backlog": backlog.as_dict(), "plan": verdict.plan()}
 
 
 class BacklogTrigger(BaseTrigger):
-    """Fires once the pipeline's source holds at least ``min_files`` unplanned files.
+    """Fires once the pipeline's next group should start (see ``check_backlog``).
 
     Holds no worker slot: it polls from the triggerer's event loop, the blocking listing in a
     thread. Errors (a missing landing folder, a broken spec) are sent back as an event, so
@@ -42,17 +52,18 @@ class BacklogTrigger(BaseTrigger):
     """
 
     def __init__(self, pipeline: str, store_url: str | None = None, poll_interval: float = 5.0,
-                 min_files: int = 1) -> None:
+                 min_files: int = 1, continuous: bool = True) -> None:
         super().__init__()
         self.pipeline = pipeline
         self.store_url = store_url
         self.poll_interval = poll_interval
         self.min_files = min_files
+        self.continuous = continuous
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return ("sluice.airflow.triggers.BacklogTrigger",
-                {"pipeline": self.pipeline, "store_url": self.store_url,
-                 "poll_interval": self.poll_interval, "min_files": self.min_files})
+                {"pipeline": self.pipeline, "store_url": self.store_url, "poll_interval": self.poll_interval,
+                 "min_files": self.min_files, "continuous": self.continuous})
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
         started = time.monotonic()
@@ -63,14 +74,14 @@ class BacklogTrigger(BaseTrigger):
             while True:
                 polls += 1
                 try:
-                    backlog = await asyncio.to_thread(check_backlog, self.pipeline, self.store_url, self.min_files,
-                                                      epoch_log)
+                    ready = await asyncio.to_thread(check_backlog, self.pipeline, self.store_url, self.min_files,
+                                                    epoch_log, self.continuous)
                 except Exception as exc:  # reported to the sensor, which fails with it
                     yield TriggerEvent({"status": "error", "pipeline": self.pipeline,
                                         "message": f"{type(exc).__name__}: {exc}"})
                     return
-                if backlog is not None:
-                    yield TriggerEvent({"status": "ready", "pipeline": self.pipeline, "backlog": backlog,
+                if ready is not None:
+                    yield TriggerEvent({"status": "ready", "pipeline": self.pipeline, **ready,
                                         "waited_s": round(time.monotonic() - started, 3), "polls": polls})
                     return
                 await asyncio.sleep(self.poll_interval)

@@ -1,7 +1,8 @@
 """Read-only epoch-log API, served by the Airflow api-server under ``/sluice``.
 
 ``GET /sluice/pipelines`` lists pipelines with a summary; ``GET /sluice/pipelines/{name}/epochs``
-returns the epochs of the current generation. (Plugin apps are not behind Airflow's auth:
+returns the epochs of the current generation; ``GET /sluice/pipelines/{name}/control`` the
+adaptive controllers' state and what the backlog sensor would decide now. (Plugin apps are not behind Airflow's auth:
 this one only reads.)
 """
 
@@ -36,5 +37,30 @@ def epochs(name: str) -> list[dict[str, Any]]:
     log = EpochLog()
     try:
         return [e.as_record() for e in log.epochs(name)]
+    finally:
+        log.close()
+
+
+@app.get("/pipelines/{name}/control")
+def control(name: str) -> dict[str, Any]:
+    from sluice import adaptive
+    from sluice.sources import FileSource
+
+    try:
+        spec = get_spec(name)
+    except SluiceError as exc:
+        raise HTTPException(status_code=404, detail=str(exc)) from None
+    log = EpochLog()
+    try:
+        source = FileSource(spec, log)
+        listing = source.list_folder()
+        backlog = source.backlog(listing)
+        verdict = adaptive.decide(spec, log, backlog.files, backlog.oldest_age_s, [f[2] for f in listing],
+                                  continuous=spec.schedule == "@continuous")
+        return {"pipeline": name, "adaptive": spec.control.adaptive, "backlog": backlog.as_dict(),
+                "next": dict(verdict.plan(), fire=verdict.fire), "state": log.control_state(name),
+                "halted": log.halt_reason(name, spec.control.max_attempts)}
+    except SluiceError as exc:
+        raise HTTPException(status_code=409, detail=str(exc)) from None
     finally:
         log.close()

@@ -68,15 +68,16 @@ class FileSource:
         """Append newly landed files to the manifest; returns the manifest's end offset."""
         return self.log.register_files(self.spec.name, self.list_folder())
 
-    def backlog(self) -> Backlog:
-        """Unplanned data: manifest entries past the next offset plus files not yet registered.
+    def backlog(self, listing: list[tuple[str, int, float]] | None = None) -> Backlog:
+        """Unplanned data: manifest entries past the next offset plus files not yet registered
+        (``listing``: a ``list_folder()`` result the caller already has).
 
         Read-only (it registers nothing), so the backlog trigger can poll it cheaply.
         """
         next_offset = self.log.next_offset(self.spec.name)
         pending = self.log.manifest(self.spec.name, start=next_offset)
         known = self.log.known_paths(self.spec.name)
-        new = [f for f in self.list_folder() if f[0] not in known]
+        new = [f for f in (self.list_folder() if listing is None else listing) if f[0] not in known]
         sizes = [e.size for e in pending] + [f[1] for f in new]
         mtimes = [e.mtime for e in pending] + [f[2] for f in new]
         oldest = time.time() - min(mtimes) if mtimes else None

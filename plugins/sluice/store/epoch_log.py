@@ -22,7 +22,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from sluice import protocol
 from sluice.errors import FencedError, PipelineBusyError, ProtocolError
-from sluice.store.models import Base, EpochRow, GroupRow, PipelineRow, SourceFileRow
+from sluice.store.models import Base, ControlRow, EpochRow, GroupRow, PipelineRow, SourceFileRow
 
 DEFAULT_LEASE_TTL_S = 600.0
 
@@ -684,6 +684,21 @@ class EpochLog:
                 s.add(GroupRow(pipeline=pipeline, group_id=group_id, owner="rebuilt", fence=0,
                                first_epoch=min(ids), last_epoch=max(ids), state=protocol.PUBLISHED,
                                plan={"reason": "rebuilt from epoch records"}, planned_at=now, finished_at=now))
+
+    # -- adaptive control ---------------------------------------------------------------------
+
+    def control_state(self, pipeline: str) -> dict[str, Any] | None:
+        with self._tx() as s:
+            row = s.get(ControlRow, pipeline)
+            return dict(row.state) if row else None
+
+    def save_control_state(self, pipeline: str, state: dict[str, Any]) -> None:
+        with self._tx() as s:
+            row = s.get(ControlRow, pipeline)
+            if row is None:
+                s.add(ControlRow(pipeline=pipeline, state=state, updated_at=utcnow()))
+            else:
+                row.state, row.updated_at = state, utcnow()
 
     def summary(self, pipeline: str) -> dict[str, Any]:
         """Counts by state, contiguity and totals of the current generation, for reports."""

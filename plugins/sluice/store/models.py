@@ -76,3 +76,13 @@ class EpochRow(Base):
     planned_at: Mapped[datetime] = mapped_column(DateTime)
     committed_at: Mapped[datetime | None] = mapped_column(DateTime, nullable=True)
     published_at: Mapped[datetime | None] = mapped_column(DateTime, nullable=True)
+
+
+class ControlRow(Base):
+    """The adaptive controllers' state of one pipeline (``sluice.control.ControlState`` as JSON),
+    saved after every group so it survives restarts."""
+
+    __tablename__ = "sluice_control"
+    pipeline: Mapped[str] = mapped_column(String(200), primary_key=True)
+    state: Mapped[dict] = mapped_column(JSON)
+    updated_at: Mapped[datetime] = mapped_column(DateTime)

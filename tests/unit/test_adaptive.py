@@ -1,0 +1,79 @@
+"""The glue between the controllers and a pipeline (no Spark): arrival rates from landed files,
+the firing rules, and controller state that a published group updates and that survives a
+restart (a new EpochLog on the same store)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from sluice import adaptive, protocol
+from sluice.store import EpochLog
+from tests.pipelines import make_pipeline
+
+
+@pytest.fixture
+def log(tmp_path: Path):
+    epoch_log = EpochLog(f"sqlite:///{tmp_path}/s.db")
+    yield epoch_log
+    epoch_log.close()
+
+
+def test_arrival_rates_count_recent_files_and_scale_by_records_per_file(log):
+    spec = make_pipeline("adaptive_rates")
+    now = 10_000.0
+    mtimes = [now - 5 * i for i in range(30)]  # a file every 5 s over 150 s; 24 in the last 120 s
+    rate, file_rate = adaptive.arrival_rates(spec, log, mtimes, now=now)
+    assert file_rate == pytest.approx(25 / 120)  # ages 0, 5, ..., 120 s
+    assert rate == pytest.approx(file_rate)  # no history yet: one record per file
+    assert adaptive.arrival_rates(spec, log, [now - 500], now=now) == (0.0, 0.0)
+
+
+def test_fixed_sizes_unless_adaptive(log):
+    fixed = make_pipeline("adaptive_fixed", **{"control.epoch_files": 3, "control.group_epochs": 5})
+    verdict = adaptive.decide(fixed, log, backlog_files=15, oldest_age_s=0.0, mtimes=[1.0] * 15)
+    assert (verdict.decision.epoch_size, verdict.decision.k) == (3, 5)
+    assert verdict.fire == "efficient group"
+    assert adaptive.decide(fixed, log, 14, 0.0, [1.0] * 14).fire is None
+    assert adaptive.decide(fixed, log, 14, 60.0, [1.0] * 14).fire == "freshness"
+
+
+def test_a_published_group_updates_the_persisted_state(log, tmp_path):
+    spec = make_pipeline("adaptive_learns", **{"control.adaptive": True, "control.epoch_files": 2})
+    log.register_files(spec.name, [(f"/l/f{i}.json", 10, 100.0 + i) for i in range(4)])
+    lease = log.acquire_lease(spec.name, "run")
+    fired_at = 1_000.0
+    group = log.plan_group(lease, epoch_size=2, k=2, plan={
+        "reason": "efficient group: slow start", "partitions": 2, "fired_at": fired_at,
+        "rate_rps": 2000.0, "file_rate": 1.0})
+    for e in group.epochs:
+        log.mark_committed(lease, e, delta_versions={}, rows={"input": 4000}, timings={"epoch_s": 5.0})
+    group = log.finish_group(lease, group.group_id, protocol.PUBLISHED)
+    assert log.control_state(spec.name) is None
+    note = adaptive.record_group(spec, log, group, now=fired_at + 30.0)  # 20 s of coordination
+    assert note and "k=" in note
+    saved = log.control_state(spec.name)
+    assert saved["last_group_id"] == group.group_id
+    assert saved["group"]["coordination_s"] == pytest.approx(20.0)
+
+    restarted = EpochLog(log.url)  # a new process: the same state from the store
+    state = adaptive.load_state(spec, restarted)
+    assert state.to_dict() == saved
+    assert adaptive.records_per_file(spec, restarted) == pytest.approx(2000.0)
+    restarted.close()
+
+
+def test_arrivals_that_began_lately_are_measured_since_they_began(log):
+    spec = make_pipeline("adaptive_start")
+    now = 10_000.0
+    _, file_rate = adaptive.arrival_rates(spec, log, [now - i for i in range(40)], now=now)
+    assert file_rate == pytest.approx(40 / 39)  # one file a second, not 40 per 120 s
+
+
+def test_a_backlog_with_no_arrivals_drains_in_one_group(log):
+    spec = make_pipeline("adaptive_drain", **{"control.adaptive": True})
+    verdict = adaptive.decide(spec, log, backlog_files=36, oldest_age_s=500.0, mtimes=[1.0] * 36)
+    assert verdict.decision.reason.startswith("drain")
+    assert verdict.decision.epoch_size * verdict.decision.k >= 36
+    assert verdict.fire == "efficient group"
