@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from include.generators.ysb import parse_valid
-from sluice import protocol
+from sluice import protocol, service
 from sluice.spec import get_spec
 from sluice.store import EpochLog
 from tests.pipelines import assert_matches_oracle, land, landed, make_pipeline
@@ -124,3 +124,39 @@ def test_trigger_form_params_are_validated():
     ok = ParamsDict(dag.params)
     ok.update({"k": 5, "epoch_size": 2, "drain": True})
     assert ok.validate() == {"k": 5, "epoch_size": 2, "drain": True}
+
+
+def test_halted_pipeline_then_sluice_rollback_and_sluice_recover_dags(spark):
+    """Through the operations DAGs: a validation failure halts the pipeline DAG at `validate`;
+    `sluice_recover` on the still-broken code fails again; `sluice_rollback` with the fixed
+    code rolls back to the bad epoch and recomputes it: the table equals the oracle."""
+    from sluice.errors import PipelineHaltedError
+    from sluice.store import EpochLog
+
+    overrides = {"spark.mode": "in_process", "control.epoch_files": 2, "control.group_epochs": 1}
+    name = "dagtest_operations"
+    spec = make_pipeline(name, **overrides)
+    land(spec, files=4, seed=5)
+    bag = dagbag()
+    assert bag.dags[name].test().state == "success"  # epoch 0
+    make_pipeline(name, transform="tests.integration.buggy_transforms.campaign_views_null_campaign", **overrides)
+    dr = bag.dags[name].test()
+    states = {ti.task_id: ti.state for ti in dr.get_task_instances()}
+    assert states["run_group"] == "success" and states["validate"] == "failed", states
+    assert states["checkpoint"] == "upstream_failed", states
+    log = EpochLog()
+    assert log.lease_holder(name) is None, "a failed run gives its lease up"
+    with pytest.raises(PipelineHaltedError):
+        service.plan(spec, log, "probe")
+    dr = bag.dags["sluice_recover"].test(run_conf={"pipeline": name})
+    assert {ti.task_id: ti.state for ti in dr.get_task_instances()}["validate"] == "failed"
+
+    make_pipeline(name, **overrides)  # the fix
+    dr = bag.dags["sluice_rollback"].test(run_conf={"pipeline": name, "to_epoch": 1, "reason": "fixed transform",
+                                                   "recompute": True})
+    states = {ti.task_id: ti.state for ti in dr.get_task_instances()}
+    assert set(states.values()) == {"success"}, states
+    assert log.generation(name) == 1
+    assert [(e.epoch_id, e.state) for e in log.epochs(name)] == [(0, "published"), (1, "published")]
+    assert_matches_oracle(spark, spec, log)
+    log.close()

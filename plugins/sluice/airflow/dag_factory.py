@@ -105,27 +105,35 @@ def build_dag(spec: PipelineSpec) -> DAG:
     return dag
 
 
-def build_rollback_dag(specs: dict[str, PipelineSpec]) -> DAG:
-    """``sluice_rollback``: roll a pipeline back to an epoch, optionally recompute."""
+def _operations_dag(dag_id: str, description: str, doc_md: str, specs: dict[str, PipelineSpec],
+                    **params: Param) -> DAG:
+    """A manually triggered DAG acting on one pipeline chosen in the trigger form."""
     names = sorted(specs) or ["none"]
-    with DAG(
-        dag_id="sluice_rollback",
-        description="Roll a sluice pipeline back to an epoch (RESTORE, generation bump, source rewind)",
+    return DAG(
+        dag_id=dag_id, description=description, doc_md=doc_md,
         schedule=None, start_date=pendulum.datetime(2026, 1, 1, tz="UTC"), catchup=False,
         max_active_runs=1, tags=["sluice", "operations"],
         params={
             "pipeline": Param(names[0], type="string", enum=names, title="Pipeline"),
-            "to_epoch": Param(0, type="integer", minimum=0, title="Roll back to epoch",
-                              description="This epoch and every later one are rolled back."),
-            "reason": Param("", type="string", minLength=3, title="Reason",
-                            description="Recorded in the epoch log and the rollback record."),
-            "recompute": Param(True, type="boolean", title="Recompute",
-                               description="Recompute the rolled-back epochs now, with their recorded ranges."),
+            **params,
             "take_over": Param(False, type="boolean", title="Take over the lease",
                                description="Take the lease from the pipeline's own DAG runs; only when none runs."),
         },
         default_args={"retries": 0, "on_failure_callback": release_lease_on_failure},
-        doc_md=ROLLBACK_DOC,
+    )
+
+
+def build_rollback_dag(specs: dict[str, PipelineSpec]) -> DAG:
+    """``sluice_rollback``: roll a pipeline back to an epoch, optionally recompute."""
+    with _operations_dag(
+        "sluice_rollback", "Roll a sluice pipeline back to an epoch (RESTORE, generation bump, source rewind)",
+        ROLLBACK_DOC, specs,
+        to_epoch=Param(0, type="integer", minimum=0, title="Roll back to epoch",
+                       description="This epoch and every later one are rolled back."),
+        reason=Param("", type="string", minLength=3, title="Reason",
+                     description="Recorded in the epoch log and the rollback record."),
+        recompute=Param(True, type="boolean", title="Recompute",
+                        description="Recompute the rolled-back epochs now, with their recorded ranges."),
     ) as dag:
         rollback = RollbackOperator(task_id="rollback", pipeline="{{ params.pipeline }}")
         recompute = ShortCircuitOperator(task_id="recompute", python_callable=_recompute)
@@ -135,20 +143,9 @@ def build_rollback_dag(specs: dict[str, PipelineSpec]) -> DAG:
 
 def build_recover_dag(specs: dict[str, PipelineSpec]) -> DAG:
     """``sluice_recover``: rerun a pipeline's failed or unfinished epochs with their ranges."""
-    names = sorted(specs) or ["none"]
-    with DAG(
-        dag_id="sluice_recover",
-        description="Rerun a sluice pipeline's failed or half-done epochs with their recorded ranges",
-        schedule=None, start_date=pendulum.datetime(2026, 1, 1, tz="UTC"), catchup=False,
-        max_active_runs=1, tags=["sluice", "operations"],
-        params={
-            "pipeline": Param(names[0], type="string", enum=names, title="Pipeline"),
-            "take_over": Param(False, type="boolean", title="Take over the lease",
-                               description="Take the lease from the pipeline's own DAG runs; only when none runs."),
-        },
-        default_args={"retries": 0, "on_failure_callback": release_lease_on_failure},
-        doc_md=RECOVER_DOC,
-    ) as dag:
+    with _operations_dag("sluice_recover",
+                         "Rerun a sluice pipeline's failed or half-done epochs with their recorded ranges",
+                         RECOVER_DOC, specs) as dag:
         plan = PlanGroupOperator(task_id="plan_group", pipeline="{{ params.pipeline }}", recover=True)
         _group_steps(plan, None, plan_task_id="plan_group")
     return dag
