@@ -20,7 +20,10 @@ def dagbag():
 
 def test_every_spec_becomes_a_dag_without_import_errors():
     make_pipeline("dag_shape")
+    make_pipeline("dag_no_triggerer", **{"control.sensor_mode": "reschedule"})
     bag = dagbag()
+    sensor = bag.dags.get("dag_no_triggerer").get_task("wait_for_backlog")
+    assert not sensor.deferrable and sensor.mode == "reschedule", "no triggerer: reschedule, no slot held"
     assert not bag.import_errors, bag.import_errors
     for name in ("ysb", "ysb_clean", "dag_shape"):
         dag = bag.dags.get(name)
