@@ -17,7 +17,8 @@ export PYSPARK_PYTHON := $(PY)
 export PATH := $(VENV)/bin:$(PATH)
 export PYTHONPATH := $(CURDIR)/plugins:$(CURDIR)
 
-.PHONY: help setup venv jars demo test lint airflow generate store-rebuild bench-control bench-control-e2e clean
+.PHONY: help setup venv jars demo test lint airflow generate store-rebuild bench-control bench-control-e2e \
+	bench bench-quick bench-sched clean
 
 help:
 	@echo "make demo      set up, generate YSB data, run the ysb DAG through Airflow, print results"
@@ -27,6 +28,9 @@ help:
 	@echo "make store-rebuild PIPELINE=<name>  rebuild a lost epoch store from the tables' epoch records"
 	@echo "make bench-control  simulate the adaptive controllers on rate traces (bench/results/control.*)"
 	@echo "make bench-control-e2e  the controllers on Spark, YSB at a sinusoidal rate, ~15 min (control_e2e.*)"
+	@echo "make bench        YSB throughput vs Structured Streaming and batch, overheads (real Airflow), cost vs always-on"
+	@echo "make bench-quick  the same, smaller and without Airflow, < 8 min (bench/results/quick/)"
+	@echo "make bench-sched  concurrent epochs (A-scheduler) and Prompt partitioning on skewed keys (sched.*)"
 
 setup: venv jars
 
@@ -79,6 +83,20 @@ bench-control: venv
 
 bench-control-e2e: setup
 	@$(PY) -m bench.control_e2e
+
+# Spark benchmarks: JSON + PNG into bench/results/ (bench-quick: bench/results/quick/).
+bench: setup
+	@$(PY) -m bench.ysb
+	@$(PY) -m bench.overhead
+	@$(PY) -m bench.cost
+
+bench-quick: setup
+	@SLUICE_BENCH_RESULTS=$(CURDIR)/bench/results/quick $(PY) -m bench.ysb --quick
+	@SLUICE_BENCH_RESULTS=$(CURDIR)/bench/results/quick $(PY) -m bench.overhead --quick --skip-airflow
+	@SLUICE_BENCH_RESULTS=$(CURDIR)/bench/results/quick $(PY) -m bench.cost --quick
+
+bench-sched: setup
+	@$(PY) -m bench.sched
 
 clean:
 	rm -rf var/landing var/tables var/airflow var/sluice.db* var/demo

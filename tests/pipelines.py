@@ -70,9 +70,9 @@ def invalid_lines(paths: list[Path]) -> set[tuple[str, int]]:
 
 
 def rejected_lines(spark, spec: PipelineSpec) -> list[tuple[str, int]]:
-    from delta.tables import DeltaTable
+    from sluice.sinks.delta import is_delta_table
 
-    if not DeltaTable.isDeltaTable(spark, spec.rejected_table):
+    if not is_delta_table(spark, spec.rejected_table):
         return []
     return [(r["file"], r["line"]) for r in spark.read.format("delta").load(spec.rejected_table).collect()]
 

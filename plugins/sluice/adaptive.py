@@ -126,7 +126,49 @@ def record_group(spec: PipelineSpec, epoch_log: EpochLog, group: Group, now: flo
                          rate_rps=float(plan["rate_rps"]), file_rate=float(plan["file_rate"]),
                          reason=str(plan.get("reason", "")))
     note = state.record(result)
-    epoch_log.save_control_state(spec.name, state.to_dict())
+    # Keep what else the store holds for the pipeline (the concurrency controller's state).
+    epoch_log.save_control_state(spec.name, {**(epoch_log.control_state(spec.name) or {}), **state.to_dict()})
     log.info("pipeline %s: group %s wall %.1f s, coordination %.1f s (%.0f%%): %s", spec.name, group.group_id,
              wall, result.coordination_s, 100 * result.coordination_s / wall if wall else 0, note)
     return note
+
+
+# -- concurrent epochs (A-scheduler) -------------------------------------------------------------
+
+
+def _concurrency_controller(spec: PipelineSpec, epoch_log: EpochLog) -> Any:
+    from sluice.control.concurrency import ConcurrencyConfig, ConcurrencyController
+
+    raw = (epoch_log.control_state(spec.name) or {}).get("concurrency")
+    config = ConcurrencyConfig(max_level=spec.control.max_concurrent_epochs, latency_sla_s=spec.control.freshness_sla_s)
+    if raw:
+        try:
+            controller = ConcurrencyController.from_dict(raw)
+            controller.config = config  # the spec's current limits win over the stored ones
+            return controller
+        except (KeyError, TypeError, ValueError) as exc:
+            log.warning("pipeline %s: discarding unreadable concurrency state (%s)", spec.name, exc)
+    return ConcurrencyController(config)
+
+
+def concurrency_level(spec: PipelineSpec, epoch_log: EpochLog) -> int:
+    """Epochs of the next group to compute at once: 1 when epochs depend on each other
+    (a merge into state), the spec's number, or (``auto``) the hill climber's next level."""
+    setting = spec.control.concurrent_epochs
+    if not spec.independent_epochs:
+        return 1
+    if setting != "auto":
+        return int(setting)
+    return _concurrency_controller(spec, epoch_log).next_level()
+
+
+def record_concurrency(spec: PipelineSpec, epoch_log: EpochLog, level: int, records: int, wall_s: float) -> None:
+    """Teach the concurrency controller a group's throughput and wall time at ``level``."""
+    if spec.control.concurrent_epochs != "auto" or not spec.independent_epochs or wall_s <= 0 or records <= 0:
+        return
+    controller = _concurrency_controller(spec, epoch_log)
+    controller.observe(level, records / wall_s, wall_s)
+    epoch_log.save_control_state(spec.name, {**(epoch_log.control_state(spec.name) or {}),
+                                             "concurrency": controller.to_dict()})
+    log.info("pipeline %s: %d epochs at once gave %.0f records/s; next level %d", spec.name, level,
+             records / wall_s, controller.next_level())

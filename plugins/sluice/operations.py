@@ -55,10 +55,11 @@ def tables(spec: PipelineSpec) -> dict[str, list[str]]:
 
 
 def _sluice_commits_after(spark: SparkSession, path: str, version: int, pipeline: str) -> list[int]:
-    from delta.tables import DeltaTable
     from pyspark.sql import functions as F
 
-    rows = (DeltaTable.forPath(spark, path).history().where(F.col("version") > version)
+    from sluice.sinks.delta import history
+
+    rows = (history(spark, path).where(F.col("version") > version)
             .select("version", "userMetadata").collect())
     found = []
     for row in rows:
@@ -74,13 +75,13 @@ def _sluice_commits_after(spark: SparkSession, path: str, version: int, pipeline
 def plan_restores(spec: PipelineSpec, spark: SparkSession, plan: RollbackPlan) -> list[TableRestore]:
     """Per table, the version to RESTORE to: the last one an epoch before ``to_epoch`` wrote
     (version 0, the empty table, if none did), when any epoch wrote after it."""
-    from delta.tables import DeltaTable
+    from sluice.sinks.delta import history, is_delta_table
 
     restores = []
     for path, keys in tables(spec).items():
-        if not DeltaTable.isDeltaTable(spark, path):
+        if not is_delta_table(spark, path):
             continue
-        latest = int(DeltaTable.forPath(spark, path).history(1).first()["version"])
+        latest = int(history(spark, path, 1).first()["version"])
         kept = [e.delta_versions.get(k) for e in plan.kept for k in keys]
         target = max((v for v in kept if v is not None), default=0)
         needed = bool(_sluice_commits_after(spark, path, target, spec.name))
@@ -141,13 +142,13 @@ def rollback(spec: PipelineSpec, epoch_log: EpochLog, spark: SparkSession, lease
     restores = check_preconditions(spec, epoch_log, spark, plan)
     details = {"to_epoch": to_epoch, "reason": reason, "owner": lease.owner, "generation": plan.generation}
     epoch_log.begin_rollback(lease, details)
-    from delta.tables import DeltaTable
+    from sluice.sinks.delta import restore
 
     for r in restores:
         if r.target is not None:
-            metrics = DeltaTable.forPath(spark, r.path).restoreToVersion(r.target).first()
+            metrics = restore(spark, r.path, r.target)
             log.info("pipeline %s: restored %s from version %s to %s: %s", spec.name, r.path, r.latest, r.target,
-                     metrics.asDict() if metrics else None)
+                     metrics)
     new_gen, group = epoch_log.finish_rollback(lease, plan, replan=recompute, reason=reason,
                                                through_epoch=through_epoch)
     record = {"pipeline": spec.name, "generation": new_gen, "from_generation": plan.generation,

@@ -11,16 +11,18 @@ import importlib
 import json
 import logging
 import sys
+import threading
 import time
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from sluice import faults, protocol, validation
 from sluice.errors import FencedError, SluiceError
 from sluice.paths import project_root
 from sluice.sinks.delta import DeltaSink, SinkCommit, describe, rejected_sink
 from sluice.sources import FileSource
+from sluice.spark import is_connect
 from sluice.spec import PipelineSpec, SinkSpec
 from sluice.store import Epoch, EpochLog, Group, Lease
 
@@ -63,8 +65,21 @@ def load_reference(spark: SparkSession, spec: PipelineSpec) -> dict[str, DataFra
     return refs
 
 
-def split_rejected(records: DataFrame, spec: PipelineSpec, epoch: Epoch) -> tuple[DataFrame, DataFrame]:
-    """Separate malformed records (unparseable, missing a required field, failing a check).
+def tag_rejected(records: DataFrame, spec: PipelineSpec) -> DataFrame:
+    """Add ``_reason``: why a record is malformed (unparseable, missing a required field,
+    failing a check), NULL for a valid one."""
+    from pyspark.sql import functions as F
+
+    rules = [(F.col("_corrupt_record").isNotNull(), F.lit("malformed record: not parseable as " + spec.source.format))]
+    rules += [(F.col(f"`{f}`").isNull(), F.lit(f"missing required field {f!r}")) for f in spec.source.required]
+    rules += [(~F.coalesce(F.expr(expr), F.lit(False)), F.lit(f"failed check {name!r}: {expr}"))
+              for name, expr in spec.source.checks.items()]
+    return records.withColumn("_reason", F.coalesce(*[F.when(cond, msg) for cond, msg in rules]))
+
+
+def split_rejected(records: DataFrame, spec: PipelineSpec, epoch: Epoch,
+                   tagged: DataFrame | None = None) -> tuple[DataFrame, DataFrame]:
+    """Separate malformed records (``tag_rejected``; pass ``tagged`` if already computed).
 
     Rejected rows keep the pipeline, epoch, generation, file, line, reason and the raw record;
     nothing about them is non-deterministic, so a replayed epoch writes the same rows.
@@ -72,12 +87,7 @@ def split_rejected(records: DataFrame, spec: PipelineSpec, epoch: Epoch) -> tupl
     from pyspark.sql import functions as F
 
     fields = list(spec.source.schema_)
-    rules = [(F.col("_corrupt_record").isNotNull(), F.lit("malformed record: not parseable as " + spec.source.format))]
-    rules += [(F.col(f"`{f}`").isNull(), F.lit(f"missing required field {f!r}")) for f in spec.source.required]
-    rules += [(~F.coalesce(F.expr(expr), F.lit(False)), F.lit(f"failed check {name!r}: {expr}"))
-              for name, expr in spec.source.checks.items()]
-    reason = F.coalesce(*[F.when(cond, msg) for cond, msg in rules])
-    tagged = records.withColumn("_reason", reason)
+    tagged = tag_rejected(records, spec) if tagged is None else tagged
     valid = tagged.where(F.col("_reason").isNull()).select(*[F.col(f"`{f}`") for f in fields])
     raw = F.coalesce(F.col("_corrupt_record"), F.to_json(F.struct(*[F.col(f"`{f}`") for f in fields])))
     rejected = tagged.where(F.col("_reason").isNotNull()).select(
@@ -85,6 +95,32 @@ def split_rejected(records: DataFrame, spec: PipelineSpec, epoch: Epoch) -> tupl
         F.lit(epoch.generation).alias("generation"), F.col("_file").alias("file"),
         F.col("_line").cast("long").alias("line"), F.col("_reason").alias("reason"), raw.alias("record"))
     return valid, rejected
+
+
+MAX_POOL_WEIGHT = 8  # FAIR pools sluice_w1 .. sluice_w8 (jobs/fairscheduler.xml)
+_GX_LOCK = threading.Lock()
+
+
+@dataclass
+class PreparedEpoch:
+    """An epoch read, split, transformed and validated, not yet written."""
+
+    epoch: Epoch
+    t0: float
+    timings: dict[str, float]
+    cached: list[DataFrame] = field(default_factory=list)
+    n_input: int = 0
+    n_rejected: int = 0
+    rejected: DataFrame | None = None
+    outputs: dict[str, DataFrame] = field(default_factory=dict)
+    counts: dict[str, int] = field(default_factory=dict)
+    results: dict[str, validation.SinkValidation] = field(default_factory=dict)
+    quarantined: list[tuple[DeltaSink, DataFrame]] = field(default_factory=list)
+
+    def release(self) -> None:
+        for frame in self.cached:
+            frame.unpersist()
+        self.cached.clear()
 
 
 class GroupRunner:
@@ -107,37 +143,98 @@ class GroupRunner:
             self._refs = load_reference(self.spark, self.spec)
         return self._refs
 
-    def run(self, lease: Lease, group: Group) -> Group:
+    def run(self, lease: Lease, group: Group, concurrency: int = 1) -> Group:
         """Process the group's unwritten epochs in order. Under the ``fail`` policy an epoch
         that fails validation is recorded as failed and the group stops there: nothing of it
-        or of later epochs is written, and the ``validate`` step halts the pipeline."""
+        or of later epochs is written, and the ``validate`` step halts the pipeline.
+
+        With ``concurrency`` > 1 (independent epochs only: append sinks, A-scheduler) up to that
+        many epochs are computed at once in FAIR pools weighted towards the oldest, and
+        committed one by one in epoch order, so txnVersion stays monotonic.
+        """
         faults.maybe_fail("after_plan")
         partitions = group.plan.get("partitions")
         if partitions and self.spec.control.adaptive:  # the controllers' partition count (DyBBS hill climb)
             self.spark.conf.set("spark.sql.shuffle.partitions", str(partitions))
-        for epoch in group.epochs:
-            if epoch.state in (protocol.COMMITTED, protocol.PUBLISHED):
-                continue
-            self.log.renew_lease(lease, self.spec.control.lease_ttl_s)
-            try:
-                committed = self.run_epoch(lease, epoch)
-            except FencedError:
-                raise
-            except Exception as exc:
-                message = _short_error(exc)
-                if isinstance(exc, SluiceError | faults.InjectedFault):
-                    self.log.mark_failed(lease, epoch, message)
-                    raise
-                poison = self.locate_poison(epoch)
-                if poison:
-                    message += f" -- poison record at {poison[0]} line {poison[1]}: {poison[2][:500]}"
-                self.log.mark_failed(lease, epoch, message)
-                raise SluiceError(f"pipeline {self.spec.name!r} epoch {epoch.epoch_id} "
-                                  f"(offsets [{epoch.start}, {epoch.end})) failed: {message}") from exc
-            if committed is None:
-                break
+        todo = [e for e in group.epochs if e.state not in (protocol.COMMITTED, protocol.PUBLISHED)]
+        if concurrency > 1 and len(todo) > 1:
+            self._run_concurrently(lease, todo, concurrency)
+        else:
+            for epoch in todo:
+                self.log.renew_lease(lease, self.spec.control.lease_ttl_s)
+                self.log.start_attempt(lease, epoch)
+                try:
+                    committed = self.commit(lease, self.prepare(epoch))
+                except Exception as exc:
+                    self._fail(lease, epoch, exc)
+                if committed is None:
+                    break
         self.maybe_optimize(group)
         return self.log.group(self.spec.name, group.group_id)
+
+    def _run_concurrently(self, lease: Lease, epochs: list[Epoch], level: int) -> None:
+        """Compute up to ``level`` epochs at once (worker threads, one FAIR pool each), commit
+        in order from this thread: the epoch log is written here only."""
+        from concurrent.futures import Future, ThreadPoolExecutor
+
+        from sluice.control.concurrency import pool_weights
+
+        weights = pool_weights([e.epoch_id for e in epochs])
+        queue: list[tuple[Epoch, Future[PreparedEpoch]]] = []
+        upcoming = iter(epochs)
+        with ThreadPoolExecutor(max_workers=level, thread_name_prefix="sluice-epoch") as pool:
+
+            def submit() -> None:
+                epoch = next(upcoming, None)
+                if epoch is not None:
+                    self.log.renew_lease(lease, self.spec.control.lease_ttl_s)
+                    self.log.start_attempt(lease, epoch)
+                    queue.append((epoch, pool.submit(self._prepare_in_pool, epoch, weights[epoch.epoch_id], level)))
+
+            for _ in range(level):
+                submit()
+            try:
+                while queue:
+                    epoch, future = queue.pop(0)
+                    try:
+                        committed = self.commit(lease, future.result())
+                    except Exception as exc:
+                        self._fail(lease, epoch, exc)
+                    if committed is None:
+                        break
+                    submit()
+            finally:  # a failure or a stop: let the epochs in flight finish, drop their caches
+                for _, future in queue:
+                    try:
+                        future.result().release()
+                    except Exception:
+                        pass
+
+    def _prepare_in_pool(self, epoch: Epoch, weight: int, level: int) -> PreparedEpoch:
+        # Spark Connect has no SparkContext here (getattr gives None): no per-thread local
+        # property reaches the server, so concurrent epochs share the server's default pool.
+        sc = None if is_connect(self.spark) else getattr(self.spark, "sparkContext", None)
+        if sc is not None:  # classic Spark: this thread's jobs go to the epoch's FAIR pool
+            sc.setLocalProperty("spark.scheduler.pool", f"sluice_w{min(weight, MAX_POOL_WEIGHT)}")
+        prepared = self.prepare(epoch, materialize=True)
+        prepared.timings["concurrency"] = level
+        return prepared
+
+    def _fail(self, lease: Lease, epoch: Epoch, exc: Exception) -> NoReturn:
+        """Record the epoch's failure, pointing at its poison record when one record alone
+        makes the transform fail, and raise."""
+        if isinstance(exc, FencedError):
+            raise exc
+        message = _short_error(exc)
+        if isinstance(exc, SluiceError | faults.InjectedFault):
+            self.log.mark_failed(lease, epoch, message)
+            raise exc
+        poison = self.locate_poison(epoch)
+        if poison:
+            message += f" -- poison record at {poison[0]} line {poison[1]}: {poison[2][:500]}"
+        self.log.mark_failed(lease, epoch, message)
+        raise SluiceError(f"pipeline {self.spec.name!r} epoch {epoch.epoch_id} "
+                          f"(offsets [{epoch.start}, {epoch.end})) failed: {message}") from exc
 
     def _outputs(self, valid: DataFrame) -> dict[str, DataFrame]:
         outputs = self.transform(valid, self.refs)
@@ -148,57 +245,87 @@ class GroupRunner:
     def run_epoch(self, lease: Lease, epoch: Epoch) -> dict[str, Any] | None:
         """Read, transform, validate and write one epoch; returns what it wrote, or ``None``
         when it failed validation under the ``fail`` policy (nothing written)."""
+        self.log.start_attempt(lease, epoch)
+        return self.commit(lease, self.prepare(epoch))
+
+    def prepare(self, epoch: Epoch, materialize: bool = False) -> PreparedEpoch:
+        """Read the range, split off rejected records, transform and validate: everything
+        before the first commit. With ``materialize`` the outputs are computed and cached
+        now (a concurrent epoch's work), so committing them later is only the Delta write."""
+        from pyspark.sql import functions as F
+
         timings: dict[str, float] = {}
         t0 = time.monotonic()
-        self.log.start_attempt(lease, epoch)
         records = self.source.read(self.spark, epoch.start, epoch.end).persist()
-        policy = self.spec.validation.policy
+        prepared = PreparedEpoch(epoch, t0, timings, cached=[records])
         try:
-            valid, rejected = split_rejected(records, self.spec, epoch)
+            tagged = tag_rejected(records, self.spec)
+            # One job reads the range into the cache and counts input and rejected records.
+            prepared.n_input, prepared.n_rejected = tagged.agg(F.count(F.lit(1)), F.count("_reason")).first()
+            valid, prepared.rejected = split_rejected(records, self.spec, epoch, tagged)
             outputs = self._outputs(valid)
-            n_input = records.count()
             timings["read_s"] = round(time.monotonic() - t0, 3)
-            results: dict[str, validation.SinkValidation] = {}
-            quarantined: list[tuple[DeltaSink, DataFrame]] = []
+            policy = self.spec.validation.policy
             for sink in self.sinks:
                 suite = self.suites.get(sink.spec.name)
                 if suite is None:
                     continue
                 t_val = time.monotonic()
-                result, outputs[sink.spec.name], bad = validation.validate(
-                    sink.spec.name, outputs[sink.spec.name], suite, locate_rows=policy == "quarantine")
+                with _GX_LOCK:  # one validation at a time: GX's context is shared by the process
+                    result, outputs[sink.spec.name], bad = validation.validate(
+                        sink.spec.name, outputs[sink.spec.name], suite, locate_rows=policy == "quarantine")
                 if bad is not None:
                     result = replace(result, quarantined=bad.count())
-                    quarantined.append((quarantine_sink(self.spec, sink.spec.name),
-                                        quarantine_rows(bad, self.spec, sink.spec.name, epoch)))
-                results[sink.spec.name] = result
+                    prepared.quarantined.append((quarantine_sink(self.spec, sink.spec.name),
+                                                 quarantine_rows(bad, self.spec, sink.spec.name, epoch)))
+                prepared.results[sink.spec.name] = result
                 timings[f"validate_{sink.spec.name}_s"] = round(time.monotonic() - t_val, 3)
-            recorded = {name: r.as_dict() for name, r in results.items()} or None
+            if materialize:
+                for name, frame in outputs.items():
+                    outputs[name] = frame.persist()
+                    prepared.cached.append(outputs[name])
+                    prepared.counts[name] = outputs[name].count()
+                timings["compute_s"] = round(time.monotonic() - t0, 3)
+            prepared.outputs = outputs
+        except BaseException:
+            prepared.release()
+            raise
+        return prepared
+
+    def commit(self, lease: Lease, prepared: PreparedEpoch) -> dict[str, Any] | None:
+        """Write a prepared epoch's sinks (``_rejected`` and ``_quarantine`` first) and record
+        the commit; ``None`` when it failed validation under ``fail`` (nothing written)."""
+        epoch, timings, results = prepared.epoch, prepared.timings, prepared.results
+        policy = self.spec.validation.policy
+        recorded = {name: r.as_dict() for name, r in results.items()} or None
+        try:
             failures = {name: r for name, r in results.items() if not r.success}
             for name, r in failures.items():
                 log.warning("pipeline %s epoch %s: sink %s failed validation (%s): %s", self.spec.name,
                             epoch.epoch_id, name, policy, r.describe())
             if failures and policy == "fail":
                 self.log.mark_failed(lease, epoch, "validation failed: " + validation.describe(recorded),
-                                     validation=recorded, rows={"input": n_input})
+                                     validation=recorded, rows={"input": prepared.n_input})
                 return None
             commits: list[SinkCommit] = []
-            writes = ([(self.rejected, rejected, True)] + [(q, frame, True) for q, frame in quarantined]
-                      + [(s, outputs[s.spec.name], False) for s in self.sinks])
-            for i, (sink, frame, skip_empty) in enumerate(writes):
+            writes = ([(self.rejected, prepared.rejected, True, prepared.n_rejected)]
+                      + [(q, frame, True, None) for q, frame in prepared.quarantined]
+                      + [(s, prepared.outputs[s.spec.name], False, prepared.counts.get(s.spec.name))
+                         for s in self.sinks])
+            for i, (sink, frame, skip_empty, rows) in enumerate(writes):
                 if i > 0 and any(c.version is not None for c in commits):
                     faults.maybe_fail("mid_write", epoch.epoch_id)
                 t_sink = time.monotonic()
                 commits.append(sink.write(self.spark, frame, epoch_id=epoch.epoch_id,
                                           generation=epoch.generation, start=epoch.start, end=epoch.end,
-                                          skip_empty=skip_empty))
+                                          skip_empty=skip_empty, rows=rows))
                 timings[f"write_{sink.spec.name}_s"] = round(time.monotonic() - t_sink, 3)
         finally:
-            records.unpersist()
+            prepared.release()
         faults.maybe_fail("after_delta_commit", epoch.epoch_id)
         sink_names = {s.spec.name for s in self.sinks}
-        timings["epoch_s"] = round(time.monotonic() - t0, 3)
-        rows = {"input": n_input, "rejected": commits[0].rows,
+        timings["epoch_s"] = round(time.monotonic() - prepared.t0, 3)
+        rows = {"input": prepared.n_input, "rejected": commits[0].rows,
                 "quarantined": sum(r.quarantined for r in results.values()),
                 "output": sum(c.rows for c in commits if c.sink in sink_names)}
         self.log.mark_committed(lease, epoch, delta_versions={c.sink: c.version for c in commits},
@@ -269,12 +396,12 @@ class GroupRunner:
         every = self.spec.control.optimize_every_groups
         if not every or (group.group_id + 1) % every:
             return
-        from delta.tables import DeltaTable
+        from sluice.sinks.delta import is_delta_table, optimize
 
         for sink in self.sinks:
-            if DeltaTable.isDeltaTable(self.spark, sink.path):
+            if is_delta_table(self.spark, sink.path):
                 t0 = time.monotonic()
-                metrics = DeltaTable.forPath(self.spark, sink.path).optimize().executeCompaction().first()
+                metrics = optimize(self.spark, sink.path)
                 log.info("pipeline %s: OPTIMIZE %s after group %s in %.1f s: %s", self.spec.name, sink.path,
                          group.group_id, time.monotonic() - t0, metrics["metrics"] if metrics else None)
 
@@ -288,17 +415,22 @@ class _QuietErrors:
         self.saved: tuple[Any, int] | None = None
 
     def __enter__(self) -> None:
+        if is_connect(self.spark):  # the JVM's log is the Connect server's, not this task's
+            self.saved = (None, self.py_logger.level)
+            self.py_logger.setLevel(logging.CRITICAL + 1)
+            return
         try:
             jvm_root = self.spark._jvm.org.apache.logging.log4j.LogManager.getRootLogger()
             self.saved = (jvm_root.getLevel().toString(), self.py_logger.level)
-        except Exception:  # not a classic session: nothing to quiet
+        except Exception:  # no JVM to quiet
             return
         self.spark.sparkContext.setLogLevel("OFF")
         self.py_logger.setLevel(logging.CRITICAL + 1)
 
     def __exit__(self, *_: Any) -> None:
         if self.saved is not None:
-            self.spark.sparkContext.setLogLevel(self.saved[0])
+            if self.saved[0] is not None:
+                self.spark.sparkContext.setLogLevel(self.saved[0])
             self.py_logger.setLevel(self.saved[1])
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import time
 from typing import TYPE_CHECKING, Any
 
 from sluice import adaptive, operations, protocol, validation
@@ -108,10 +109,12 @@ def _run_lease(spec: PipelineSpec, epoch_log: EpochLog, owner: str, group_id: in
 
 
 def run(spec: PipelineSpec, epoch_log: EpochLog, owner: str, group_id: int | None,
-        spark: SparkSession) -> dict[str, Any]:
+        spark: SparkSession, concurrency: int | None = None) -> dict[str, Any]:
     """Process the groups this run planned. Also: finish a rollback the plan step recorded (a
     backfill), or, when the run's group was published already (its task was cleared), roll
-    back to that group and recompute it and every later epoch with their recorded ranges."""
+    back to that group and recompute it and every later epoch with their recorded ranges.
+
+    ``concurrency``: epochs computed at once (default: ``adaptive.concurrency_level``)."""
     lease = _run_lease(spec, epoch_log, owner, group_id)
     actions = []
     pending = epoch_log.pending_rollback(spec.name)
@@ -126,8 +129,12 @@ def run(spec: PipelineSpec, epoch_log: EpochLog, owner: str, group_id: int | Non
             actions.append(operations.redo_group(spec, epoch_log, spark, lease, done))
             groups = epoch_log.unpublished_groups(spec.name, owner)
     runner = GroupRunner(spec, epoch_log, spark)
-    ran = [runner.run(lease, g).as_record() for g in groups]
-    return {"pipeline": spec.name, "groups": ran, "rollbacks": actions}
+    level = concurrency or adaptive.concurrency_level(spec, epoch_log)
+    t0 = time.monotonic()
+    ran = [runner.run(lease, g, concurrency=level).as_record() for g in groups]
+    records = sum(e["rows"].get("input", 0) for g in ran for e in g["epochs"] if e["state"] == protocol.COMMITTED)
+    adaptive.record_concurrency(spec, epoch_log, level, records, time.monotonic() - t0)
+    return {"pipeline": spec.name, "groups": ran, "rollbacks": actions, "concurrency": level}
 
 
 def validate(spec: PipelineSpec, epoch_log: EpochLog, owner: str) -> dict[str, Any]:

@@ -3,21 +3,33 @@
 The Delta jars are resolved once from Maven Central (through Spark's own Ivy resolver, so no
 host name is configured here) into ``$SLUICE_JARS_DIR`` (default ``var/jars``). Every later
 session puts those files on ``spark.jars``: no network is needed at run time.
+
+With ``SLUICE_SPARK_REMOTE=sc://host:port`` set, ``get_session`` returns a Spark Connect client
+session on that (warm, long-running) server instead of starting a JVM: the server must have the
+Delta jars, ``DeltaSparkSessionExtension`` and ``DeltaCatalog`` (see ``connect_server_command``).
+Only the settings the server lets a session change (SQL confs) are applied; the rest (master,
+jars, scheduler, UI) are the server's own.
 """
 
 from __future__ import annotations
 
 import glob
+import logging
 import os
 import shutil
 import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from sluice.paths import jars_dir
+from sluice.paths import jars_dir, project_root
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
+
+log = logging.getLogger("sluice.spark")
+
+REMOTE_ENV = "SLUICE_SPARK_REMOTE"  # sc://host:port of a warm Spark Connect server
+CONNECT_SERVER_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
 
 DELTA_VERSION = "4.4.0"  # Python package and jars must match; 4.4.1 jars are not on Maven Central
 DELTA_PACKAGES = (
@@ -82,10 +94,59 @@ def fetch_delta_jars() -> list[str]:
 
 
 def spark_conf(extra: dict[str, str] | None = None) -> dict[str, str]:
-    """The Spark settings sluice uses, for a builder or for ``spark-submit --conf``."""
+    """The Spark settings sluice uses, for a builder or for ``spark-submit --conf``.
+
+    FAIR scheduling with the pools of ``jobs/fairscheduler.xml``: concurrent epochs of a group
+    share the cores by weight (older first); sequential jobs behave as under FIFO.
+    """
     conf = dict(BASE_CONF)
+    conf["spark.scheduler.mode"] = "FAIR"
+    conf["spark.scheduler.allocation.file"] = str(project_root() / "jobs" / "fairscheduler.xml")
     conf.update(extra or {})
     return conf
+
+
+def remote_url() -> str | None:
+    """The Spark Connect server to use (``$SLUICE_SPARK_REMOTE``), or None for a local JVM."""
+    return os.environ.get(REMOTE_ENV) or None
+
+
+def is_connect(spark: SparkSession) -> bool:
+    """True for a Spark Connect client session: no JVM here (no ``_jvm``, ``sparkContext``),
+    and no Delta Connect plugin on the server, so Delta is driven through SQL."""
+    return type(spark).__module__.startswith("pyspark.sql.connect")
+
+
+def connect_server_command(master: str = "local[*]", port: int = 15002, host: str = "127.0.0.1") -> list[str]:
+    """``spark-submit`` command line of a Spark Connect server with sluice's Delta settings
+    (the pip PySpark ships the server class, not ``sbin/start-connect-server.sh``)."""
+    from pyspark.find_spark_home import _find_spark_home
+
+    # A command whose client died is dropped after 30 s (default 5 min), well inside the lease
+    # TTL: a late Delta commit can then never outlive the lease of the run that sent it.
+    conf = spark_conf({"spark.connect.grpc.binding.address": host, "spark.connect.grpc.binding.port": str(port),
+                       "spark.connect.execute.manager.detachedTimeout": "30s"})
+    cmd = [str(Path(_find_spark_home()) / "bin" / "spark-submit"), "--class", CONNECT_SERVER_CLASS,
+           "--name", "sluice-connect", "--master", master, "--jars", ",".join(delta_jars()),
+           "--driver-java-options",
+           f"-Dlog4j2.configurationFile=file:{project_root() / 'jobs' / 'log4j2.properties'}"]
+    for key, value in conf.items():
+        cmd += ["--conf", f"{key}={value}"]
+    return cmd
+
+
+def _remote_session(url: str, app_name: str, extra_conf: dict[str, str] | None) -> SparkSession:
+    from pyspark.sql import SparkSession
+
+    spark = SparkSession.builder.remote(url).appName(app_name).getOrCreate()
+    for key, value in {k: v for k, v in spark_conf(extra_conf).items() if k.startswith("spark.sql.")
+                       or k.startswith("spark.databricks.")}.items():
+        if spark.conf.isModifiable(key):
+            spark.conf.set(key, value)
+        elif spark.conf.get(key, None) != value:
+            log.warning("Spark Connect: %s=%s is a server setting; the server has %s", key, value,
+                        spark.conf.get(key, None))
+    return spark
 
 
 def get_session(app_name: str = "sluice", master: str | None = None,
@@ -93,13 +154,17 @@ def get_session(app_name: str = "sluice", master: str | None = None,
     """Return the active SparkSession, or start one with Delta on the classpath.
 
     Under ``spark-submit`` the master and jars come from the command line and the session
-    already exists; in-process (tests, the demo, ``@task``) a ``local[*]`` session is built.
+    already exists; in-process (tests, the demo, ``@task``) a ``local[*]`` session is built,
+    or, with ``$SLUICE_SPARK_REMOTE`` set, a client session on that Spark Connect server.
     """
     from pyspark.sql import SparkSession
 
     active = SparkSession.getActiveSession()
     if active is not None:
         return active
+    url = remote_url()
+    if url and not os.environ.get("SPARK_SUBMIT_PROCESS"):
+        return _remote_session(url, app_name, extra_conf)
     builder = SparkSession.builder.appName(app_name)
     if not os.environ.get("SPARK_SUBMIT_PROCESS") and "spark.master" not in (extra_conf or {}):
         builder = builder.master(master or os.environ.get("SLUICE_SPARK_MASTER", "local[*]"))
@@ -111,5 +176,11 @@ def get_session(app_name: str = "sluice", master: str | None = None,
 
 
 if __name__ == "__main__":  # python -m sluice.spark: used by `make jars`
+    import sys
+
+    if sys.argv[1:2] == ["connect-server"]:  # python -m sluice.spark connect-server [master] [port]
+        args = sys.argv[2:]
+        cmd = connect_server_command(args[0] if args else "local[*]", int(args[1]) if len(args) > 1 else 15002)
+        os.execv(cmd[0], cmd)
     for path in fetch_delta_jars():
         print(path)

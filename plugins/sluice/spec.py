@@ -87,6 +87,10 @@ class ControlSpec(_Strict):
     lease_ttl_s: float = Field(600, gt=0)
     max_attempts: int = Field(3, ge=1, description="an epoch failing this often halts the pipeline")
     optimize_every_groups: int = Field(0, ge=0, description="OPTIMIZE (compact) the sinks every N groups; 0: never")
+    concurrent_epochs: int | Literal["auto"] = Field(
+        "auto", description="epochs of a group computed at once (A-scheduler), for pipelines whose sinks all "
+                            "append; auto: tuned online by hill climbing; 1: one after the other")
+    max_concurrent_epochs: int = Field(4, ge=1, le=32, description="auto: the highest concurrency tried")
 
 
 class ValidationSpec(_Strict):
@@ -128,7 +132,22 @@ class PipelineSpec(_Strict):
             raise ValueError(f"sink names must be unique (got {names})")
         if "_rejected" in names:
             raise ValueError("sink name `_rejected` is reserved for the rejected-records table")
+        level = self.control.concurrent_epochs
+        stateful = [s.name for s in self.sinks if s.mode != "append"]
+        if isinstance(level, int) and level > 1 and stateful:
+            raise ValueError(f"control.concurrent_epochs: {level} needs independent epochs, but sink(s) "
+                             f"{stateful} merge into state (epoch e+1 depends on e); use 1 or auto")
+        if isinstance(level, int) and level < 1:
+            raise ValueError(f"control.concurrent_epochs must be >= 1 or 'auto' (got {level})")
         return self
+
+    @property
+    def independent_epochs(self) -> bool:
+        """Whether epochs may be computed concurrently: every sink appends (A-scheduler's
+        independent jobs); a merge into state makes epoch e+1 depend on e."""
+        from sluice.control.concurrency import epoch_dependency
+
+        return epoch_dependency(s.mode for s in self.sinks) == "independent"
 
     @property
     def landing_dir(self) -> Path:

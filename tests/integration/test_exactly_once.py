@@ -92,13 +92,13 @@ def test_injected_exception_then_rerun_is_exactly_once(point, spark, epoch_log, 
 
 
 def test_rerunning_a_committed_epoch_changes_nothing(spark, epoch_log):
-    from delta.tables import DeltaTable
+    from sluice.sinks.delta import history
 
     spec = make_pipeline("rerun_committed", **{"control.epoch_files": 2, "control.group_epochs": 2})
     land(spec, files=4, malformed_fraction=0.03)
     service.run_once(spec, epoch_log, spark, drain=True)
     tables = [spec.sinks[0].path, spec.rejected_table]
-    versions = [DeltaTable.forPath(spark, t).history(1).collect()[0]["version"] for t in tables]
+    versions = [history(spark, t, 1).collect()[0]["version"] for t in tables]
     before = sorted(spark.read.format("delta").load(tables[0]).collect())
     lease = epoch_log.acquire_lease(spec.name, "test-rerun")
     try:
@@ -109,7 +109,7 @@ def test_rerunning_a_committed_epoch_changes_nothing(spark, epoch_log):
             assert result["commits"][1]["version"] == epoch.delta_versions["campaign_views"]
     finally:
         epoch_log.release_lease(lease)
-    after = [DeltaTable.forPath(spark, t).history(1).collect()[0]["version"] for t in tables]
+    after = [history(spark, t, 1).collect()[0]["version"] for t in tables]
     assert after == versions, "a rerun of committed epochs created new Delta versions"
     assert sorted(spark.read.format("delta").load(tables[0]).collect()) == before
     assert_matches_oracle(spark, spec, epoch_log)

@@ -30,9 +30,10 @@ from sluice.airflow.operators import (
     release_lease_on_failure,
     sink_asset,
 )
+from sluice.airflow.priority import OldestBacklogFirst
 from sluice.airflow.sensors import BacklogSensor
 from sluice.paths import jars_dir, project_root
-from sluice.spark import DELTA_JAR_NAMES, spark_conf
+from sluice.spark import DELTA_JAR_NAMES, remote_url, spark_conf
 from sluice.spec import PipelineSpec
 
 
@@ -61,7 +62,8 @@ def build_dag(spec: PipelineSpec) -> DAG:
         tags=["sluice", *spec.tags],
         doc_md=f"sluice pipeline **{spec.name}** (spec `{spec.path}`). {spec.description}",
         default_args={"retries": 1, "retry_delay": timedelta(seconds=10),
-                      "on_failure_callback": release_lease_on_failure},
+                      "on_failure_callback": release_lease_on_failure,
+                      "weight_rule": OldestBacklogFirst()},  # the oldest backlog gets the slot first
     )
     with dag:
         # @continuous: wait as long as the spec allows (a timed-out wait skips the run, and
@@ -74,7 +76,7 @@ def build_dag(spec: PipelineSpec) -> DAG:
                              timeout=spec.control.sensor_timeout_s if continuous else spec.control.poll_interval_s,
                              soft_fail=True, retries=0)
         plan = PlanGroupOperator(task_id="plan_group", pipeline=spec.name)
-        if spec.spark.mode == "submit":
+        if spec.spark.mode == "submit" and not remote_url():  # no JVM per group with a Connect server
             jars = jars_dir()
             run = SparkSubmitOperator(
                 task_id="run_group",

@@ -132,9 +132,17 @@ class FileSource:
                 (F.col("_metadata.row_index") + 1).alias("_line"),
                 F.lit(None).cast("string").alias("_corrupt_record"),
             )
-        # JSON lines and CSV: one row per file, split into numbered lines, so a bad record's
-        # file and line can be reported exactly.
-        lines = spark.read.text(paths, wholetext=True).select(
+        return self.parse(spark.read.text(paths, wholetext=True))
+
+    def parse(self, files: DataFrame) -> DataFrame:
+        """Parse JSON-lines or CSV files read whole (``text`` with ``wholetext``: one row per
+        file), split into numbered lines so a bad record's file and line can be reported
+        exactly. Works on a batch or a streaming read alike."""
+        from pyspark.sql import functions as F
+
+        schema = ", ".join(f"`{k}` {v}" for k, v in self.spec.source.schema_.items())
+        fmt = self.spec.source.format
+        lines = files.select(
             F.col("_metadata.file_path").alias("_file"),
             F.posexplode(F.split(F.col("value"), "\r?\n")).alias("_pos", "_text"),
         ).select("_file", (F.col("_pos") + 1).alias("_line"), "_text")

@@ -1,0 +1,334 @@
+"""Where a group's time goes when it is not processing records.
+
+    python -m bench.overhead [--quick] [--skip-airflow]
+
+1. **Cold start**: a fresh Python process builds a SparkSession with Delta, runs one query,
+   then commits one small Delta table (the first commit loads Delta's classes). Also its
+   CPU-seconds (process tree), which ``cost.py`` charges per run-once group.
+2. **Fixed cost per epoch**: many tiny epochs (20 records each) in a warm session; per
+   epoch with and without the GX suite, and per step (read, ``_rejected``, MERGE).
+3. **Airflow coordination per group** under a real ``airflow standalone`` (LocalExecutor,
+   SQLite): from the sensor's fire to the checkpoint's end, every gap between tasks and the
+   Spark application's start, from the task instances (REST) and the epoch log. First a
+   group of k = 1 gives the coordination cost C and the epoch time E; then a group runs at the
+   k that Drizzle's AIMD settles at (the smallest with C / (C + k E) <= 10 %), and its
+   measured ``coordination_fraction`` is the figure of record. Once with ``spark-submit`` per
+   group and, when the Spark Connect server starts, once against it (``spark.mode: connect``).
+
+Writes ``bench/results/overhead.json`` and ``overhead.png``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from bench.common import (
+    ROOT,
+    CpuMeter,
+    configure,
+    land_ysb,
+    results_dir,
+    session,
+    stats,
+    write_result,
+    write_spec,
+    ysb_spec_yaml,
+)
+
+COLD_START = r"""
+import json, os, sys, time, resource
+t0 = time.perf_counter()
+sys.path[:0] = [sys.argv[1] + "/plugins", sys.argv[1]]
+from sluice.spark import get_session
+t_import = time.perf_counter()
+spark = get_session("sluice-cold-start", master="local[2]")
+t_session = time.perf_counter()
+spark.range(1).count()
+t_query = time.perf_counter()
+spark.range(10).write.format("delta").mode("append").save(sys.argv[2])
+t_delta = time.perf_counter()
+import psutil
+jvm = psutil.Process(spark.sparkContext._gateway.proc.pid).cpu_times()
+me = resource.getrusage(resource.RUSAGE_SELF)
+spark.stop()
+print(json.dumps({"cpu_s": jvm.user + jvm.system + me.ru_utime + me.ru_stime, "import_s": t_import - t0,
+                  "session_s": t_session - t_import, "first_query_s": t_query - t_session,
+                  "first_delta_commit_s": t_delta - t_query, "to_first_commit_s": t_delta - t0}))
+"""
+
+
+def cold_start(work: Path, reps: int) -> dict[str, Any]:
+    rows = []
+    for i in range(reps):
+        t0 = time.perf_counter()
+        out = subprocess.run([sys.executable, "-c", COLD_START, str(ROOT), str(work / f"cold{i}")],
+                             capture_output=True, text=True, check=True)
+        wall = time.perf_counter() - t0
+        row = json.loads(out.stdout.strip().splitlines()[-1])
+        row.update(process_wall_s=wall)
+        rows.append(row)
+        print(f"  cold start {i + 1}: {json.dumps({k: round(v, 2) for k, v in row.items()})}", flush=True)
+    return {key: stats([r[key] for r in rows], 2) for key in rows[0]}
+
+
+def epoch_fixed_cost(work: Path, epochs: int) -> dict[str, Any]:
+    """Per-epoch seconds when an epoch holds next to nothing (one file of 20 records)."""
+    from sluice import service
+    from sluice.store import EpochLog
+
+    spark = session("sluice-bench-overhead")
+    landing = work / "tiny"
+    land_ysb(landing, epochs, 20, malformed_fraction=0.0)
+    result = {}
+    for validate in (False, True):
+        tag = "gx" if validate else "plain"
+        root = work / f"fixed-{tag}"
+        spec = write_spec(root, ysb_spec_yaml(f"bench_fixed_{tag}", landing, root / "campaign_views",
+                                              epoch_files=1, k=epochs, validate=validate))
+        epoch_log = EpochLog(f"sqlite:///{root / 'sluice.db'}")
+        t0 = time.perf_counter()
+        service.run_once(spec, epoch_log, spark, epoch_size=1, k=epochs)
+        wall = time.perf_counter() - t0
+        timings = [e.timings for e in epoch_log.epochs(spec.name)][1:]  # the first epoch pays class loading
+        steps = {key: stats([t.get(key, 0.0) for t in timings], 3) for key in timings[0]}
+        result[tag] = {"epochs": epochs, "group_wall_s": round(wall, 2), "per_epoch_s": steps["epoch_s"],
+                       "steps": steps}
+        print(f"  fixed cost per epoch ({tag}): {steps['epoch_s']}", flush=True)
+        epoch_log.engine.dispose()
+    gx = [v for k, v in result["gx"]["steps"].items() if k.startswith("validate_")]
+    result["gx_per_epoch_s"] = gx[0] if gx else None
+    spark.stop()
+    return result
+
+
+# -- Airflow -----------------------------------------------------------------------------------
+
+def _ts(value: str | None) -> float | None:
+    return datetime.fromisoformat(value).timestamp() if value else None
+
+
+def group_breakdown(client: Any, dag_id: str, run_id: str, spec: Any, epoch_log: Any) -> dict[str, Any]:
+    """Seconds of each step of one DAG run's group, from the task instances and the epoch log."""
+    from tests.airflow import standalone
+
+    tis = standalone.task_instances(client, dag_id, run_id)
+    fired = standalone.xcom(client, dag_id, run_id, "wait_for_backlog")["fired_at"]
+    planned = standalone.xcom(client, dag_id, run_id, "plan_group")
+    group = epoch_log.group(spec.name, planned["group_id"])
+    epoch_s = [e.timings["epoch_s"] for e in group.epochs]
+    first_commit = min(e.committed_at.replace(tzinfo=UTC).timestamp() for e in group.epochs)
+    first_epoch_start = first_commit - epoch_s[0]
+    t = {task: (_ts(ti["start_date"]), _ts(ti["end_date"])) for task, ti in tis.items()}
+    wall = t["checkpoint"][1] - fired
+    steps = {
+        "sensor_fire_to_plan_start_s": t["plan_group"][0] - fired,
+        "plan_group_s": t["plan_group"][1] - t["plan_group"][0],
+        "plan_to_run_gap_s": t["run_group"][0] - t["plan_group"][1],
+        "spark_start_s": first_epoch_start - t["run_group"][0],
+        "epochs_s": sum(epoch_s),
+        "run_group_tail_s": t["run_group"][1] - first_epoch_start - sum(epoch_s),
+        "run_to_validate_gap_s": t["validate"][0] - t["run_group"][1],
+        "validate_s": t["validate"][1] - t["validate"][0],
+        "validate_to_checkpoint_gap_s": t["checkpoint"][0] - t["validate"][1],
+        "checkpoint_s": t["checkpoint"][1] - t["checkpoint"][0],
+    }
+    coordination = wall - sum(epoch_s)
+    return {"run_id": run_id, "k": len(epoch_s), "epoch_files": group.epochs[0].end - group.epochs[0].start,
+            "group_wall_s": round(wall, 2), "coordination_s": round(coordination, 2),
+            "coordination_fraction": round(coordination / wall, 4),
+            "first_epoch_s": epoch_s[0], "warm_epoch_s": stats(epoch_s[1:] or epoch_s, 3)["median"],
+            "steps": {k: round(v, 2) for k, v in steps.items()}}
+
+
+def airflow_coordination(work: Path, mode: str, epoch_files: int, events_per_file: int,
+                         max_k: int) -> dict[str, Any]:
+    """Two DAG runs of a ``schedule: None`` pipeline, triggered through the REST API: k = 1,
+    then the k at which coordination falls to 10 %."""
+    from sluice.spec import get_spec
+    from sluice.store import EpochLog
+    from tests.airflow import standalone
+
+    # What `make` exports, for a run without it: the server inherits this environment.
+    os.environ["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
+    for key, value in {"AIRFLOW__CORE__DAGS_FOLDER": str(ROOT / "dags"),
+                       "AIRFLOW__CORE__PLUGINS_FOLDER": str(ROOT / "plugins"),
+                       "AIRFLOW__CORE__LOAD_EXAMPLES": "False", "PYSPARK_PYTHON": sys.executable,
+                       "AIRFLOW_CONN_SPARK_DEFAULT": '{"conn_type": "spark", "host": "local[2]"}'}.items():
+        os.environ.setdefault(key, value)
+    os.environ["PYTHONPATH"] = f"{ROOT / 'plugins'}{os.pathsep}{ROOT}"  # absolute: tasks run elsewhere
+    name = f"bench_af_{mode}"
+    dag_id = name  # a pipeline's DAG is named after it
+    landing = Path(os.environ["SLUICE_DATA_DIR"]) / "landing" / name
+    raw = ysb_spec_yaml(name, landing, Path(os.environ["SLUICE_DATA_DIR"]) / "tables" / name,
+                        epoch_files=epoch_files, k=1, validate=True)
+    raw["spark"]["mode"] = "submit"  # connect: the DAG runs the group in the worker, on the warm server
+    raw["control"]["poll_interval_s"] = 1
+    write_spec(Path(os.environ["SLUICE_PIPELINES_DIR"]), raw)
+    spec = get_spec(name)
+    staging = work / f"staging-{mode}"
+    land_ysb(staging, epoch_files * (1 + max_k), events_per_file)
+    connect = None
+    if mode == "connect":  # the Airflow server started next inherits SLUICE_SPARK_REMOTE
+        connect, os.environ["SLUICE_SPARK_REMOTE"] = start_connect_server(work)
+    server = standalone.start(work / f"airflow-{mode}")
+    try:
+        with server.client() as client:
+            standalone.wait_healthy(server, client, timeout=240)
+            standalone.wait_for_dag(server, client, dag_id, timeout=180)
+            standalone.set_paused(client, dag_id, False)
+            epoch_log = EpochLog()
+            groups = []
+            meter = CpuMeter(find=lambda: standalone.marked_processes(server.marker), interval=0.5)
+            time.sleep(20)  # the server's idle CPU rate, to subtract from each group's
+            idle_rate = meter.sample() / 20
+
+            def run_group(files: list[Path], k: int) -> dict[str, Any]:
+                landing.mkdir(parents=True, exist_ok=True)
+                for path in files:
+                    os.replace(path, landing / path.name)
+                cpu0, java0, t0 = meter.sample(), meter.by_name("java"), time.monotonic()
+                r = client.post(f"/api/v2/dags/{dag_id}/dagRuns",
+                                json={"logical_date": None, "conf": {"epoch_size": epoch_files, "k": k}})
+                r.raise_for_status()
+                run_id = r.json()["dag_run_id"]
+                standalone.wait_for_run_state(server, client, dag_id, run_id, timeout=1800)
+                row = group_breakdown(client, dag_id, run_id, spec, epoch_log)
+                cpu, java = meter.sample() - cpu0, meter.by_name("java") - java0
+                row["cpu_s"] = {"all": round(cpu, 1), "spark_jvm": round(java, 1), "airflow_tasks": round(
+                    cpu - java - idle_rate * (time.monotonic() - t0), 1), "server_idle_per_s": round(idle_rate, 3)}
+                print(f"  airflow ({mode}) k={k}: {json.dumps(row)}", flush=True)
+                return row
+
+            files = sorted(staging.glob("*.json"))
+            groups.append(run_group(files[:epoch_files], 1))
+            first = groups[0]
+            c, e = first["coordination_s"], first["warm_epoch_s"]
+            k_star = max(1, math.ceil(9 * c / e)) if e > 0 else max_k
+            k_run = min(k_star, max_k)
+            groups.append(run_group(files[epoch_files: epoch_files * (1 + k_run)], k_run))
+            standalone.set_paused(client, dag_id, True)
+            meter.stop()
+    except BaseException:
+        print(standalone.diagnostics(server, (dag_id,)))
+        raise
+    finally:
+        standalone.stop(server)
+        if connect is not None:
+            os.environ.pop("SLUICE_SPARK_REMOTE", None)
+            connect.terminate()
+            connect.wait(timeout=60)
+    steady = groups[-1]
+    return {"mode": mode, "groups": groups, "k_aimd": k_star, "k_run": k_run,
+            "airflow_cpu_s_per_group": stats([g["cpu_s"]["airflow_tasks"] for g in groups], 1)["median"],
+            "coordination_s_per_group": groups[0]["coordination_s"],
+            "coordination_fraction": steady["coordination_fraction"]}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--skip-airflow", action="store_true")
+    parser.add_argument("--modes", default="submit,connect", help="run_group modes measured under Airflow")
+    args = parser.parse_args(argv)
+    work = configure("overhead")
+    print("cold start", flush=True)
+    result: dict[str, Any] = {"cold_start": cold_start(work, 3)}
+    print("fixed cost per epoch", flush=True)
+    result["epoch_fixed_cost"] = epoch_fixed_cost(work, 6 if args.quick else 12)
+    result["airflow"] = {}
+    if not args.skip_airflow:
+        for mode in args.modes.split(","):
+            print(f"airflow coordination ({mode})", flush=True)
+            try:
+                result["airflow"][mode] = airflow_coordination(
+                    work, mode, epoch_files=4, events_per_file=10_000, max_k=8 if args.quick else 24)
+            except Exception as exc:  # keep the other figures; say what failed
+                result["airflow"][mode] = {"failed": f"{type(exc).__name__}: {exc}"}
+    measured = {m: r for m, r in result["airflow"].items() if "coordination_fraction" in r}
+    if measured:
+        best = min(measured, key=lambda m: measured[m]["coordination_fraction"])
+        result["coordination_fraction"] = measured[best]["coordination_fraction"]
+        result["coordination_mode"] = best
+        result["steady_state_k"] = measured[best]["k_run"]
+        result["airflow_cpu_s_per_group"] = measured[best]["airflow_cpu_s_per_group"]
+    result["config"] = {"quick": args.quick, "spark": "local[2]", "executor": "LocalExecutor (airflow standalone)"}
+    write_result("overhead", result)
+    plot(result, results_dir() / "overhead.png")
+    print(json.dumps({k: v for k, v in result.items() if k.startswith(("coordination", "steady"))}))
+    return 0
+
+
+def start_connect_server(work: Path) -> tuple[subprocess.Popen[bytes], str]:
+    """A warm Spark Connect server (local[2]); returns it and its ``sc://`` URL once it listens."""
+    import socket
+
+    from sluice.spark import connect_server_command
+    from tests.airflow.standalone import free_port
+
+    port = free_port()
+    with open(work / "connect-server.log", "wb") as out:
+        proc = subprocess.Popen(connect_server_command("local[2]", port), stdout=out, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 180
+    while True:
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                break
+        if proc.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError("the Spark Connect server did not start; see connect-server.log")
+        time.sleep(1)
+    return proc, f"sc://127.0.0.1:{port}"
+
+
+def plot(result: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.8))
+    cold = result["cold_start"]
+    keys = ["import_s", "session_s", "first_query_s", "first_delta_commit_s"]
+    left = 0.0
+    for key in keys:
+        axes[0].barh(["cold start"], [cold[key]["median"]], left=left, label=key.removesuffix("_s"))
+        left += cold[key]["median"]
+    fixed = result["epoch_fixed_cost"]
+    for tag in ("plain", "gx"):
+        left = 0.0
+        for key, value in fixed[tag]["steps"].items():
+            if key == "epoch_s":
+                continue
+            axes[0].barh([f"tiny epoch ({tag})"], [value["median"]], left=left)
+            left += value["median"]
+    axes[0].set_xlabel("seconds (median)")
+    axes[0].legend(fontsize=8)
+    axes[0].set_title("cold start and fixed cost per epoch")
+    labels, bottoms = [], []
+    for mode, r in result.get("airflow", {}).items():
+        for g in r.get("groups", []):
+            labels.append(f"{mode} k={g['k']}")
+            bottoms.append(g["steps"])
+    if bottoms:
+        left_by_bar = [0.0] * len(bottoms)
+        for key in bottoms[0]:
+            values = [b[key] for b in bottoms]
+            axes[1].barh(labels, values, left=left_by_bar, label=key.removesuffix("_s"))
+            left_by_bar = [a + v for a, v in zip(left_by_bar, values, strict=True)]
+        axes[1].legend(fontsize=7)
+        axes[1].set_xlabel("seconds from the sensor's fire")
+        axes[1].set_title("a group under Airflow (LocalExecutor)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,67 @@
+"""sluice through a warm Spark Connect server (``spark.remote``): the server is started here
+(``sluice.spark.connect_server_command``, as ``python -m sluice.spark connect-server`` does),
+and a group runs as ``jobs/run_group.py`` with ``SLUICE_SPARK_REMOTE`` set, which is what an
+Airflow worker does when the variable is set: no JVM of its own. The tables are then read back
+with the test session and compared with the oracle."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from sluice import protocol
+from sluice.paths import project_root
+from sluice.sinks.delta import committed_txn_version
+from sluice.spark import connect_server_command
+from sluice.store import EpochLog
+from tests.airflow.standalone import free_port
+from tests.pipelines import assert_matches_oracle, land, make_pipeline
+
+
+@pytest.fixture(scope="module")
+def connect_server(tmp_path_factory) -> Iterator[str]:
+    port = free_port()
+    log_path = tmp_path_factory.mktemp("connect") / "server.log"
+    with open(log_path, "wb") as out:
+        proc = subprocess.Popen(connect_server_command("local[2]", port), stdout=out, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+    try:
+        deadline = time.monotonic() + 180
+        while True:
+            with socket.socket() as s:
+                if s.connect_ex(("127.0.0.1", port)) == 0:
+                    break
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"Spark Connect server did not start: {log_path.read_text()[-3000:]}")
+            time.sleep(1)
+        yield f"sc://127.0.0.1:{port}"
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+def test_groups_run_through_a_warm_connect_server(spark, connect_server):
+    spec = make_pipeline("connect_ysb", **{"control.epoch_files": 2, "control.group_epochs": 2})
+    land(spec, files=6, malformed_fraction=0.03)
+    env = {**os.environ, "SLUICE_SPARK_REMOTE": connect_server}
+    # Two run-once applications (the second finds the server warm): two epochs, then the last.
+    for args in (["--plan"], ["--plan", "--drain"]):
+        t0 = time.monotonic()
+        proc = subprocess.run([sys.executable, str(project_root() / "jobs" / "run_group.py"), "--pipeline",
+                               spec.name, *args], env=env, capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        print(f"[connect] group in {time.monotonic() - t0:.1f} s")
+    log = EpochLog()
+    assert [e.state for e in log.epochs(spec.name)] == [protocol.PUBLISHED] * 3
+    assert_matches_oracle(spark, spec, log)
+    app = protocol.sink_app_id(spec.name, spec.sinks[0].name, 0)
+    assert committed_txn_version(spark, spec.sinks[0].path, app) == 2
