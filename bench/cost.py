@@ -210,9 +210,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--window", type=float, help="seconds of arrivals per rate")
-    parser.add_argument("--rates", default=",".join(RATES))
+    parser.add_argument("--rates", help="comma-separated subset of low,medium,high (quick: low only)")
     args = parser.parse_args(argv)
-    window = args.window or (75 if args.quick else 150)
+    window = args.window or (60 if args.quick else 150)
+    rates = args.rates or ("low" if args.quick else ",".join(RATES))
     work = configure("cost")
     overhead = results_dir() / "overhead.json"
     airflow_cpu = None
@@ -221,7 +222,7 @@ def main(argv: list[str] | None = None) -> int:
     result: dict[str, Any] = {"rates": {}, "config": {
         "window_s": window, "sla_s": SLA_S, "ss_trigger_s": SS_TRIGGER_S, "rates_eps": RATES, "quick": args.quick,
         "airflow_cpu_s_per_group": airflow_cpu}}
-    for name in args.rates.split(","):
+    for name in rates.split(","):
         rate = RATES[name]
         print(f"rate {name} ({rate} events/s), {window:.0f} s of arrivals", flush=True)
         # The two sides run concurrently (each has its own landing folder): CPU-seconds are
