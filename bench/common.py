@@ -92,10 +92,13 @@ def write_result(name: str, result: dict[str, Any]) -> Path:
     return path
 
 
-def session(app: str = "sluice-bench", cores: int = 2) -> Any:
+def session(app: str = "sluice-bench", cores: int = 2, ui: bool = False) -> Any:
+    """A local session; ``ui`` turns Spark's UI on, whose REST API serves per-task metrics."""
     from sluice.spark import get_session
 
-    spark = get_session(app, master=f"local[{cores}]")
+    conf = {"spark.ui.enabled": "true", "spark.ui.port": "4140", "spark.ui.retainedJobs": "10000",
+            "spark.ui.retainedStages": "10000"}
+    spark = get_session(app, master=f"local[{cores}]", extra_conf=conf if ui else None)
     spark.sparkContext.setLogLevel("WARN")
     return spark
 
@@ -132,7 +135,7 @@ class CpuMeter:
             try:
                 t = p.cpu_times()
                 self.seen[p.pid] = max(self.seen.get(p.pid, 0.0), t.user + t.system)
-                self.names.setdefault(p.pid, p.name())
+                self.names[p.pid] = p.name()  # again each time: spark-submit is bash until it execs java
             except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
                 continue
         return self.total

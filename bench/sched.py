@@ -116,7 +116,8 @@ def _land_more(landing: Path, files: int, per_file: int, g: int) -> None:
     from include.generators.ysb import generate
 
     generate(landing, rate=per_file, duration=files, files_per_second=1, seed=100 + g,
-             start_ms=1_700_000_000_000 + g * 10_000_000, prefix=f"g{g:03d}")
+             start_ms=1_700_000_000_000 + g * 10_000_000, prefix=f"g{g:03d}",
+             malformed_fraction=0.001)  # as land_ysb: every group pays the same two commits per epoch
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -125,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--reps", type=int, default=3)
     args = parser.parse_args(argv)
     work = configure("sched")
-    spark = session("sluice-bench-sched")
+    spark = session("sluice-bench-sched", ui=True)  # task metrics for bench.skew
     files, per_file = (8, 5_000) if args.quick else (16, 10_000)
     print(f"concurrent epochs: {files} files x {per_file} events, levels {LEVELS}", flush=True)
     result: dict[str, Any] = {"concurrency": concurrency(spark, work, files, per_file, args.reps)}
@@ -158,7 +159,8 @@ def plot(result: dict[str, Any], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4.5))
+    fig, grid = plt.subplots(2, 2, figsize=(13, 9))
+    axes = grid.ravel()
     rps = result["concurrency"]["rps"]
     levels = sorted(rps, key=int)
     med = [rps[lv]["median"] for lv in levels]
@@ -188,7 +190,18 @@ def plot(result: dict[str, Any], path: Path) -> None:
         axes[2].axhline(1.1, color="red", linestyle=":")
         axes[2].set_ylabel("partition imbalance (max / mean)")
         axes[2].legend()
-        axes[2].set_title("skewed keys (Zipf)")
+        axes[2].set_title("skewed keys (Zipf): write-stage partition imbalance")
+        per_z = result["skew"]["per_z"]
+        for key, label in (("throughput_ratio_prompt_hash", "Prompt / hash"),
+                           ("throughput_ratio_aqe_hash", "AQE rebalance / hash"),
+                           ("throughput_bound", "bound on 2 cores (perfect balance)"),
+                           ("sum_ratio_prompt_hash", "per-key sums: Prompt / hash")):
+            axes[3].plot([float(z) for z in zs], [per_z[z][key] for z in zs], "o-", label=label)
+        axes[3].axhline(1.0, color="grey", linestyle=":")
+        axes[3].set_xlabel("Zipf z")
+        axes[3].set_ylabel("throughput ratio (median)")
+        axes[3].legend()
+        axes[3].set_title("throughput against hash partitioning")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 

@@ -131,7 +131,7 @@ class GroupRunner:
         self.log = epoch_log
         self.spark = spark
         self.source = FileSource(spec, epoch_log)
-        self.sinks = [DeltaSink(spec.name, s) for s in spec.sinks]
+        self.sinks = [DeltaSink(spec.name, s, spec.partitioning) for s in spec.sinks]
         self.rejected = rejected_sink(spec.name, spec.rejected_table)
         self.transform = load_transform(spec.transform)
         self.suites = {s.name: validation.load_suite(s.expectations) for s in spec.sinks if s.expectations}
@@ -193,11 +193,18 @@ class GroupRunner:
 
             for _ in range(level):
                 submit()
+            last_commit = time.monotonic()
             try:
                 while queue:
                     epoch, future = queue.pop(0)
                     try:
-                        committed = self.commit(lease, future.result())
+                        prepared = future.result()
+                        # epoch_s is the wall time this epoch added to the group: its compute
+                        # overlapped the previous epochs', and the controllers (DyBBS) must see
+                        # the group's real pace, not the sum of overlapping spans.
+                        prepared.t0 = max(prepared.t0, last_commit)
+                        committed = self.commit(lease, prepared)
+                        last_commit = time.monotonic()
                     except Exception as exc:
                         self._fail(lease, epoch, exc)
                     if committed is None:
@@ -328,6 +335,9 @@ class GroupRunner:
         rows = {"input": prepared.n_input, "rejected": commits[0].rows,
                 "quarantined": sum(r.quarantined for r in results.values()),
                 "output": sum(c.rows for c in commits if c.sink in sink_names)}
+        keys = {c.sink: c.keys for c in commits if c.keys}
+        if keys:  # Prompt's per-epoch key statistics (sluice.sinks.layout)
+            rows["keys"] = keys
         self.log.mark_committed(lease, epoch, delta_versions={c.sink: c.version for c in commits},
                                 rows=rows, timings=timings, validation=recorded)
         result = {"epoch": epoch.epoch_id, "range": [epoch.start, epoch.end], "rows": rows,

@@ -62,6 +62,8 @@ class SinkSpec(_Strict):
     sums: list[str] = Field(default_factory=list, description="aggregate: columns added on merge")
     expectations: str | None = Field(None, description="Great Expectations suite (JSON) checked on each "
                                                        "epoch's output before it is written")
+    partition_by: list[str] = Field(default_factory=list, description="append: the Delta table's partition "
+                                                                       "columns, one writer per key")
 
     @model_validator(mode="after")
     def _aggregate_fields(self) -> SinkSpec:
@@ -69,6 +71,8 @@ class SinkSpec(_Strict):
             raise ValueError("an aggregate sink needs `keys` and `sums`")
         if self.mode == "append" and (self.keys or self.sums):
             raise ValueError("an append sink takes neither `keys` nor `sums`")
+        if self.mode == "aggregate" and self.partition_by:
+            raise ValueError("`partition_by` is for append sinks (an aggregate sink is keyed by `keys`)")
         return self
 
 
@@ -117,6 +121,9 @@ class PipelineSpec(_Strict):
                            description="module.function in jobs/transforms, or package.module.function")
     reference: dict[str, str] = Field(default_factory=dict, description="name -> CSV file")
     sinks: list[SinkSpec] = Field(min_length=1)
+    partitioning: Literal["hash", "prompt"] = Field(
+        "hash", description="how a keyed write (aggregate keys, append partition_by) spreads an epoch's "
+                            "rows over tasks: Spark's hash, or Prompt's skew-balancing plan")
     rejected_path: str | None = None
     quarantine_path: str | None = None
     validation: ValidationSpec = ValidationSpec()
@@ -132,6 +139,9 @@ class PipelineSpec(_Strict):
             raise ValueError(f"sink names must be unique (got {names})")
         if "_rejected" in names:
             raise ValueError("sink name `_rejected` is reserved for the rejected-records table")
+        if self.partitioning == "prompt" and not any(s.keys or s.partition_by for s in self.sinks):
+            raise ValueError("partitioning: prompt balances a keyed write, but no sink has `keys` (aggregate) "
+                             "or `partition_by` (append)")
         level = self.control.concurrent_epochs
         stateful = [s.name for s in self.sinks if s.mode != "append"]
         if isinstance(level, int) and level > 1 and stateful:

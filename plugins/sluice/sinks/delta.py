@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from sluice import protocol
+from sluice.sinks import layout
 from sluice.spark import is_connect
 from sluice.spec import SinkSpec
 
@@ -37,6 +38,7 @@ class SinkCommit:
     version: int | None  # Delta version holding the epoch; None when there was nothing to write
     rows: int
     replayed: bool  # True when the table already held the epoch and nothing was written
+    keys: dict[str, Any] | None = None  # the epoch's key statistics under ``partitioning: prompt``
 
 
 def _snapshot(spark: SparkSession, path: str) -> Any:  # a py4j handle on Delta's Snapshot
@@ -186,10 +188,11 @@ def find_epoch_version(spark: SparkSession, path: str, app_id: str, epoch_id: in
 
 
 class DeltaSink:
-    def __init__(self, pipeline: str, spec: SinkSpec) -> None:
+    def __init__(self, pipeline: str, spec: SinkSpec, partitioning: str = "hash") -> None:
         self.pipeline = pipeline
         self.spec = spec
         self.path = spec.path
+        self.partitioning = partitioning  # see sluice.sinks.layout
 
     def app_id(self, generation: int) -> str:
         return protocol.sink_app_id(self.pipeline, self.spec.name, generation)
@@ -218,46 +221,54 @@ class DeltaSink:
             self._ensure_table(spark, df)
             before = table_version(spark, self.path)
         meta = self.metadata(epoch_id, generation, start, end)
+        n = int(spark.conf.get("spark.sql.shuffle.partitions") or 200)
+        keys = None
         if self.spec.mode == "append":
-            (df.write.format("delta").mode("append")
+            writer = df.write
+            if self.spec.partition_by:
+                laid, keys = layout.by_partition_columns(df, self.spec.partition_by, self.partitioning, n, epoch_id)
+                writer = laid.write.partitionBy(*self.spec.partition_by)
+            (writer.format("delta").mode("append")
              .option("txnAppId", app_id).option("txnVersion", epoch_id).option("userMetadata", meta)
              .save(self.path))
         else:
-            self._merge_add(spark, df, app_id, epoch_id, meta)
+            source, keys = layout.sums_by_key(df, self.spec.keys, self.spec.sums, self.partitioning, n, epoch_id)
+            self._merge_add(spark, source, app_id, epoch_id, meta)
         after = table_version(spark, self.path)
         if after is not None and before is not None and after > before:
             # This run holds the pipeline's lease, so the new commits are its own.
             version = find_epoch_version(spark, self.path, app_id, epoch_id, limit=after - before)
             if version is not None:
-                return SinkCommit(self.spec.name, version, rows, replayed=False)
+                return SinkCommit(self.spec.name, version, rows, replayed=False, keys=keys)
         version = find_epoch_version(spark, self.path, app_id, epoch_id)
         if version is None:
             raise RuntimeError(f"pipeline {self.pipeline!r} sink {self.spec.name!r}: Delta recorded no commit "
                                f"for epoch {epoch_id} ({app_id}) in {self.path}")
-        return SinkCommit(self.spec.name, version, rows, replayed=True)
+        return SinkCommit(self.spec.name, version, rows, replayed=True, keys=keys)
 
     def _ensure_table(self, spark: SparkSession, df: DataFrame) -> None:
         if is_delta_table(spark, self.path):
             return
+        columns = self.spec.partition_by
         if is_connect(spark):
-            spark.sql(f"CREATE TABLE IF NOT EXISTS {_table_ref(self.path)} ({df.schema.toDDL()}) USING delta")
+            partitioned = f" PARTITIONED BY ({', '.join(f'`{c}`' for c in columns)})" if columns else ""
+            spark.sql(f"CREATE TABLE IF NOT EXISTS {_table_ref(self.path)} ({df.schema.toDDL()}) "
+                      f"USING delta{partitioned}")
             return
         from delta.tables import DeltaTable
 
-        DeltaTable.createIfNotExists(spark).location(self.path).addColumns(df.schema).execute()
+        builder = DeltaTable.createIfNotExists(spark).location(self.path).addColumns(df.schema)
+        (builder.partitionedBy(*columns) if columns else builder).execute()
 
-    def _merge_add(self, spark: SparkSession, df: DataFrame, app_id: str, epoch_id: int, meta: str) -> None:
-        """MERGE the epoch's partial aggregates into the table, adding ``sums`` on matched keys.
+    def _merge_add(self, spark: SparkSession, source: DataFrame, app_id: str, epoch_id: int, meta: str) -> None:
+        """MERGE the epoch's per-key sums (unique keys, as MERGE requires) into the table,
+        adding ``sums`` on matched keys.
 
         MERGE takes no writer options, so the txn identifiers go through the session confs
         Delta reads for DML, set only for this one statement.
         """
         from delta.tables import DeltaTable
 
-        # Keys must be unique in the source of a MERGE: pre-aggregate the epoch's rows.
-        from pyspark.sql import functions as F
-
-        source = df.groupBy(*self.spec.keys).agg(*[F.sum(c).alias(c) for c in self.spec.sums])
         cond = " AND ".join(f"t.`{k}` = s.`{k}`" for k in self.spec.keys)
         update = {f"`{c}`": f"t.`{c}` + s.`{c}`" for c in self.spec.sums}
         conf = spark.conf

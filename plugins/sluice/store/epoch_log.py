@@ -471,7 +471,7 @@ class EpochLog:
             row.attempts += 1
 
     def mark_committed(self, lease: Lease, epoch: Epoch, *, delta_versions: dict[str, int | None],
-                       rows: dict[str, int], timings: dict[str, float],
+                       rows: dict[str, Any], timings: dict[str, float],
                        validation: dict[str, Any] | None = None) -> None:
         """Record that every sink holds the epoch (step 4 of the protocol)."""
         with self._tx() as s:
