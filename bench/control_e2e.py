@@ -15,7 +15,6 @@ import argparse
 import json
 import math
 import os
-import shutil
 import subprocess
 import sys
 import threading
@@ -25,6 +24,8 @@ from pathlib import Path
 
 import yaml
 
+from bench.common import configure as bench_configure
+
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
 WORK = ROOT / "var" / "bench" / "control_e2e"
@@ -32,14 +33,9 @@ NAME = "bench_control_e2e"
 
 
 def configure() -> None:
-    """An isolated data folder, store and pipelines folder, set before sluice is imported."""
-    shutil.rmtree(WORK, ignore_errors=True)
-    (WORK / "pipelines").mkdir(parents=True)
-    os.environ.update({"SLUICE_DATA_DIR": str(WORK / "var"), "SLUICE_PIPELINES_DIR": str(WORK / "pipelines"),
-                       "SLUICE_STORE_URL": f"sqlite:///{WORK / 'sluice.db'}", "GX_ANALYTICS_ENABLED": "false"})
-    for p in (ROOT / "plugins", ROOT):
-        if str(p) not in sys.path:
-            sys.path.insert(0, str(p))
+    """An isolated data folder, store and pipelines folder (set before sluice is imported) and
+    the benchmark's pipeline spec."""
+    bench_configure("control_e2e")  # == WORK
     raw = yaml.safe_load((ROOT / "include" / "pipelines" / "ysb.yaml").read_text())
     raw.update(name=NAME, description="adaptive-control end-to-end benchmark")
     raw["source"]["path"] = "${SLUICE_DATA_DIR}/landing"

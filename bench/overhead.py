@@ -291,23 +291,9 @@ def main(argv: list[str] | None = None) -> int:
 
 def start_connect_server(work: Path) -> tuple[subprocess.Popen[bytes], str]:
     """A warm Spark Connect server (local[2]); returns it and its ``sc://`` URL once it listens."""
-    import socket
+    from sluice.spark import start_connect_server as start
 
-    from sluice.spark import connect_server_command
-    from tests.airflow.standalone import free_port
-
-    port = free_port()
-    with open(work / "connect-server.log", "wb") as out:
-        proc = subprocess.Popen(connect_server_command("local[2]", port), stdout=out, stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + 180
-    while True:
-        with socket.socket() as s:
-            if s.connect_ex(("127.0.0.1", port)) == 0:
-                break
-        if proc.poll() is not None or time.monotonic() > deadline:
-            raise RuntimeError("the Spark Connect server did not start; see connect-server.log")
-        time.sleep(1)
-    return proc, f"sc://127.0.0.1:{port}"
+    return start(work / "connect-server.log", "local[2]")
 
 
 def plot(result: dict[str, Any], path: Path) -> None:

@@ -17,7 +17,9 @@ import glob
 import logging
 import os
 import shutil
+import subprocess
 import tempfile
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -115,6 +117,31 @@ def is_connect(spark: SparkSession) -> bool:
     """True for a Spark Connect client session: no JVM here (no ``_jvm``, ``sparkContext``),
     and no Delta Connect plugin on the server, so Delta is driven through SQL."""
     return type(spark).__module__.startswith("pyspark.sql.connect")
+
+
+def start_connect_server(log_path: Path, master: str = "local[2]", port: int | None = None,
+                         timeout_s: float = 180) -> tuple[subprocess.Popen[bytes], str]:
+    """Start a Spark Connect server (``connect_server_command``) in a session of its own, its
+    output in ``log_path``; wait until it accepts connections. Returns the process and its
+    ``sc://`` URL. Raises with the log's tail if it exits or does not listen in time."""
+    import socket
+
+    if port is None:  # a free port on loopback
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+    with open(log_path, "wb") as out:
+        proc = subprocess.Popen(connect_server_command(master, port), stdout=out, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return proc, f"sc://127.0.0.1:{port}"
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.terminate()
+            raise RuntimeError(f"the Spark Connect server did not start: {log_path.read_text()[-3000:]}")
+        time.sleep(1)
 
 
 def connect_server_command(master: str = "local[*]", port: int = 15002, host: str = "127.0.0.1") -> list[str]:

@@ -1,5 +1,5 @@
 """sluice through a warm Spark Connect server (``spark.remote``): the server is started here
-(``sluice.spark.connect_server_command``, as ``python -m sluice.spark connect-server`` does),
+(``sluice.spark.start_connect_server``, the command ``python -m sluice.spark connect-server`` runs),
 and a group runs as ``jobs/run_group.py`` with ``SLUICE_SPARK_REMOTE`` set, which is what an
 Airflow worker does when the variable is set: no JVM of its own. The tables are then read back
 with the test session and compared with the oracle."""
@@ -7,7 +7,6 @@ with the test session and compared with the oracle."""
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -18,29 +17,16 @@ import pytest
 from sluice import protocol
 from sluice.paths import project_root
 from sluice.sinks.delta import committed_txn_version
-from sluice.spark import connect_server_command
+from sluice.spark import start_connect_server
 from sluice.store import EpochLog
-from tests.airflow.standalone import free_port
 from tests.pipelines import assert_matches_oracle, land, make_pipeline
 
 
 @pytest.fixture(scope="module")
 def connect_server(tmp_path_factory) -> Iterator[str]:
-    port = free_port()
-    log_path = tmp_path_factory.mktemp("connect") / "server.log"
-    with open(log_path, "wb") as out:
-        proc = subprocess.Popen(connect_server_command("local[2]", port), stdout=out, stderr=subprocess.STDOUT,
-                                start_new_session=True)
+    proc, url = start_connect_server(tmp_path_factory.mktemp("connect") / "server.log", "local[2]")
     try:
-        deadline = time.monotonic() + 180
-        while True:
-            with socket.socket() as s:
-                if s.connect_ex(("127.0.0.1", port)) == 0:
-                    break
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"Spark Connect server did not start: {log_path.read_text()[-3000:]}")
-            time.sleep(1)
-        yield f"sc://127.0.0.1:{port}"
+        yield url
     finally:
         proc.terminate()
         try:
