@@ -12,7 +12,16 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from sluice.control import ControlState, Decision, GroupResult, Observation, fire_reason, plan_next
+from sluice import protocol
+from sluice.control import (
+    ControlState,
+    Decision,
+    GroupResult,
+    Observation,
+    deadline_plan,
+    fire_reason,
+    plan_next,
+)
 from sluice.control.epoch_size import EpochSizeConfig
 from sluice.control.group_size import GroupSizeConfig
 from sluice.spec import PipelineSpec
@@ -78,31 +87,56 @@ def arrival_rates(spec: PipelineSpec, epoch_log: EpochLog, mtimes: list[float],
 
 def decide(spec: PipelineSpec, epoch_log: EpochLog, backlog_files: int, oldest_age_s: float | None,
            mtimes: list[float], *, continuous: bool = True) -> Verdict:
-    """Plan the next group and say whether to start it now: the backlog makes the planned group
-    whole ("efficient group"), or waiting longer would break the freshness SLA ("freshness").
-    A scheduled (cron) run takes whatever is there ("scheduled")."""
+    """Plan the next group and say whether to start it now. Under ``control.objective: latency``
+    the backlog makes the planned group whole ("efficient group"), or waiting longer would break
+    the freshness SLA ("freshness"); under ``cost`` only the SLA (or a backlog that fills the
+    largest group) starts it, and it takes the whole backlog (``deadline_plan``). A scheduled
+    (cron) run takes whatever is there ("scheduled")."""
     rate_rps, file_rate = arrival_rates(spec, epoch_log, mtimes)
     state = load_state(spec, epoch_log)
     decision = plan_next(state, Observation(rate_rps, file_rate, backlog_files))
+    fire: str | None = None
     if not spec.control.adaptive:
         decision = Decision(spec.control.epoch_files, spec.control.group_epochs, decision.partitions,
                             "fixed sizes (control.adaptive: false)", decision.predicted_wall_s)
+        fire = fire_reason(decision, backlog_files, oldest_age_s or 0.0, spec.control.freshness_sla_s)
+    elif spec.control.objective == "cost":
+        decision, fire = deadline_plan(
+            backlog_files, oldest_age_s or 0.0, spec.control.freshness_sla_s,
+            max_epoch_files=max_epoch_files(spec, epoch_log, state), max_k=spec.control.max_group_epochs,
+            partitions=decision.partitions, coordination_s=state.group.coordination_s,
+            seconds_per_file=seconds_per_file(spec, epoch_log),
+            lead_s=spec.control.poll_interval_s + state.epoch.config.margin_s)
     elif rate_rps == 0 and backlog_files > 0:
         decision = drain_decision(spec, epoch_log, state, backlog_files, decision)
-    if continuous:
-        fire = fire_reason(decision, backlog_files, oldest_age_s or 0.0, spec.control.freshness_sla_s)
+        fire = "efficient group"  # the group is the whole backlog, and waiting adds nothing to it
     else:
+        fire = fire_reason(decision, backlog_files, oldest_age_s or 0.0, spec.control.freshness_sla_s)
+    if not continuous:
         fire = "scheduled" if backlog_files > 0 else None
     return Verdict(decision, fire, rate_rps, file_rate)
+
+
+def max_epoch_files(spec: PipelineSpec, epoch_log: EpochLog, state: ControlState) -> int:
+    """The largest epoch the memory budget allows, in files at the recent records per file
+    (the spec's ``epoch_files`` until a file has been measured)."""
+    per_file = records_per_file(spec, epoch_log)
+    return max(1, int(state.epoch.config.max_epoch_records / per_file)) if per_file else spec.control.epoch_files
+
+
+def seconds_per_file(spec: PipelineSpec, epoch_log: EpochLog, last: int = 20) -> float | None:
+    """Processing seconds per source file over the last published epochs (``None``: none yet)."""
+    epochs = [e for e in epoch_log.epochs(spec.name)
+              if e.state == protocol.PUBLISHED and e.timings.get("epoch_s") is not None][-last:]
+    files = sum(e.end - e.start for e in epochs)
+    return sum(float(e.timings["epoch_s"]) for e in epochs) / files if files else None
 
 
 def drain_decision(spec: PipelineSpec, epoch_log: EpochLog, state: ControlState, backlog_files: int,
                    idle: Decision) -> Decision:
     """Nothing arrives any more but a backlog waits: one group for all of it, in epochs as large
     as the memory budget allows (there is no arrival rate to size them against)."""
-    per_file = records_per_file(spec, epoch_log)
-    cap = max(1, int(state.epoch.config.max_epoch_records / per_file)) if per_file else spec.control.epoch_files
-    epoch_size = min(backlog_files, cap)
+    epoch_size = min(backlog_files, max_epoch_files(spec, epoch_log, state))
     k = min(math.ceil(backlog_files / epoch_size), spec.control.max_group_epochs)
     return Decision(epoch_size, k, idle.partitions, "drain: no arrivals, the whole backlog in one group",
                     idle.predicted_wall_s)

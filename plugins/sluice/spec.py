@@ -84,6 +84,11 @@ class ControlSpec(_Strict):
     max_group_epochs: int = Field(64, ge=1, le=1000, description="adaptive: the largest k")
     freshness_sla_s: float = Field(300, gt=0, description="the sensor starts a group before its oldest data "
                                                           "would miss this")
+    objective: Literal["latency", "cost"] = Field(
+        "latency", description="adaptive: latency starts a group as soon as the backlog fills the controllers' "
+                               "stable group (the freshest data; Spark busy much of the time); cost waits as long "
+                               "as freshness_sla_s allows, then takes the whole backlog in one group, so nothing "
+                               "runs between groups")
     sensor_mode: Literal["deferrable", "reschedule"] = Field(
         "deferrable", description="reschedule: for deployments without a triggerer")
     poll_interval_s: float = Field(5, gt=0)
@@ -95,6 +100,12 @@ class ControlSpec(_Strict):
         "auto", description="epochs of a group computed at once (A-scheduler), for pipelines whose sinks all "
                             "append; auto: tuned online by hill climbing; 1: one after the other")
     max_concurrent_epochs: int = Field(4, ge=1, le=32, description="auto: the highest concurrency tried")
+
+    @model_validator(mode="after")
+    def _cost_needs_measurements(self) -> ControlSpec:
+        if self.objective == "cost" and not self.adaptive:
+            raise ValueError("objective: cost plans each group from measured times; it needs adaptive: true")
+        return self
 
 
 class ValidationSpec(_Strict):

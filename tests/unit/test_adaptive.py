@@ -4,6 +4,7 @@ restart (a new EpochLog on the same store)."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -77,3 +78,40 @@ def test_a_backlog_with_no_arrivals_drains_in_one_group(log):
     assert verdict.decision.reason.startswith("drain")
     assert verdict.decision.epoch_size * verdict.decision.k >= 36
     assert verdict.fire == "efficient group"
+    # a backlog that is not a multiple of the epoch size drains too (no freshness wait)
+    odd = adaptive.decide(spec, log, backlog_files=37, oldest_age_s=0.0, mtimes=[1.0] * 37)
+    assert odd.decision.epoch_size * odd.decision.k >= 37 and odd.fire == "efficient group"
+
+
+def test_objective_cost_waits_for_the_deadline_then_takes_the_whole_backlog(log):
+    spec = make_pipeline("adaptive_cost", **{"control.adaptive": True, "control.objective": "cost",
+                                             "control.freshness_sla_s": 60, "control.poll_interval_s": 1})
+    # One published group teaches the planner: 2 epochs of 5 files at 2 s each, 8 s of coordination.
+    log.register_files(spec.name, [(f"/l/f{i}.json", 10, 100.0 + i) for i in range(10)])
+    lease = log.acquire_lease(spec.name, "run")
+    group = log.plan_group(lease, epoch_size=5, k=2, plan={
+        "reason": "freshness: deadline", "partitions": 2, "fired_at": 1_000.0, "rate_rps": 100.0, "file_rate": 1.0})
+    for e in group.epochs:
+        log.mark_committed(lease, e, delta_versions={}, rows={"input": 500}, timings={"epoch_s": 2.0})
+    group = log.finish_group(lease, group.group_id, protocol.PUBLISHED)
+    adaptive.record_group(spec, log, group, now=1_012.0)
+    assert adaptive.seconds_per_file(spec, log) == pytest.approx(0.4)
+
+    # 30 files waiting, one a second: the wall is 8 + 0.4 * 30 = 20 s, the lead 1 s poll + 2 s margin.
+    mtimes = [time.time() - i for i in range(30)]
+    assert adaptive.decide(spec, log, 30, oldest_age_s=36.0, mtimes=mtimes).fire is None
+    verdict = adaptive.decide(spec, log, 30, oldest_age_s=37.5, mtimes=mtimes)
+    assert verdict.fire == "freshness"
+    assert verdict.decision.epoch_size * verdict.decision.k >= 30
+    assert verdict.decision.predicted_wall_s == pytest.approx(20.0)
+    # the same backlog under the latency objective starts as soon as the stable group is there
+    latency = make_pipeline("adaptive_latency", **{"control.adaptive": True, "control.epoch_files": 4,
+                                                   "control.group_epochs": 1, "control.freshness_sla_s": 60})
+    assert adaptive.decide(latency, log, 30, oldest_age_s=1.0, mtimes=mtimes).fire == "efficient group"
+
+
+def test_objective_cost_needs_adaptive_control():
+    from sluice.spec import SpecError
+
+    with pytest.raises(SpecError, match=r"objective: cost .* adaptive: true"):
+        make_pipeline("adaptive_cost_fixed", **{"control.objective": "cost"})

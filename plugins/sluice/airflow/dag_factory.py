@@ -33,7 +33,7 @@ from sluice.airflow.operators import (
 from sluice.airflow.priority import OldestBacklogFirst
 from sluice.airflow.sensors import BacklogSensor
 from sluice.paths import jars_dir, project_root
-from sluice.spark import DELTA_JAR_NAMES, remote_url, spark_conf
+from sluice.spark import DELTA_JAR_NAMES, RUN_ONCE_JAVA_OPTIONS, remote_url, spark_conf
 from sluice.spec import PipelineSpec
 
 
@@ -85,9 +85,8 @@ def build_dag(spec: PipelineSpec) -> DAG:
                                   "--group", "{{ ti.xcom_pull(task_ids='plan_group')['group_id'] }}",
                                   "--owner", "airflow:{{ dag.dag_id }}:{{ run_id }}"],
                 conn_id=spec.spark.conn_id,
-                conf=spark_conf({"spark.driver.extraJavaOptions":
-                                 f"-Dlog4j2.configurationFile=file:{project_root() / 'jobs' / 'log4j2.properties'}",
-                                 **spec.spark.conf}),
+                conf=spark_conf({"spark.driver.extraJavaOptions": f"{RUN_ONCE_JAVA_OPTIONS} -Dlog4j2.configurationFile="
+                                 f"file:{project_root() / 'jobs' / 'log4j2.properties'}", **spec.spark.conf}),
                 jars=",".join(str(jars / name) for name in DELTA_JAR_NAMES),
                 env_vars={"SLUICE_STORE_URL": "{{ ti.xcom_pull(task_ids='plan_group')['store_url'] }}"},
                 name=f"sluice-{spec.name}",

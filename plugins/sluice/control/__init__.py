@@ -11,7 +11,15 @@ from sluice.control.epoch_size import (
     smallest_stable_group,
 )
 from sluice.control.group_size import GroupSizeConfig, GroupSizeController
-from sluice.control.planner import ControlState, Decision, GroupResult, Observation, fire_reason, plan_next
+from sluice.control.planner import (
+    ControlState,
+    Decision,
+    GroupResult,
+    Observation,
+    deadline_plan,
+    fire_reason,
+    plan_next,
+)
 
 __all__ = [
     "ControlState",
@@ -23,6 +31,7 @@ __all__ = [
     "GroupSizeConfig",
     "GroupSizeController",
     "Observation",
+    "deadline_plan",
     "fire_reason",
     "isotonic_fit",
     "plan_next",

@@ -131,3 +131,35 @@ def fire_reason(decision: Decision, backlog_files: int, oldest_age_s: float, fre
     if oldest_age_s + decision.predicted_wall_s >= freshness_sla_s:
         return "freshness"
     return None
+
+
+def deadline_plan(backlog_files: int, oldest_age_s: float, freshness_sla_s: float, *, max_epoch_files: int,
+                  max_k: int, partitions: int, coordination_s: float | None,
+                  seconds_per_file: float | None, lead_s: float = 0.0) -> tuple[Decision, str | None]:
+    """The plan and firing rule of ``control.objective: cost``: wait as long as the freshness SLA
+    allows, then take the whole backlog in one group (epochs as large as the memory budget
+    allows, ``max_epoch_files``), so nothing runs between groups and each group's fixed costs
+    (Spark start, Airflow tasks, per-epoch commits) are paid as rarely as the SLA permits.
+
+    Fires ("freshness") once ``oldest_age_s + predicted wall + lead_s`` reaches the SLA, the
+    wall being the measured coordination plus the measured seconds per file times the group's
+    files (``lead_s``: the poll interval and a margin, the time the decision may come late); or
+    ("full group") once the backlog fills ``max_k`` epochs of ``max_epoch_files``, which waiting
+    cannot make larger. Before anything was measured the wall is taken as half the SLA.
+    """
+    epoch_size = max(1, min(backlog_files, max_epoch_files))
+    k = max(1, min(math.ceil(max(backlog_files, 1) / epoch_size), max_k))
+    files = min(backlog_files, epoch_size * k)
+    if coordination_s is None or seconds_per_file is None:
+        wall, basis = freshness_sla_s / 2, "nothing measured yet: half the SLA"
+    else:
+        wall, basis = coordination_s + seconds_per_file * files, "measured"
+    reason = f"deadline: the whole backlog in one group (wall {wall:.1f} s, {basis})"
+    decision = Decision(epoch_size, k, partitions, reason, wall)
+    if backlog_files <= 0:
+        return decision, None
+    if backlog_files >= max_epoch_files * max_k:
+        return decision, "full group"
+    if oldest_age_s + wall + lead_s >= freshness_sla_s:
+        return decision, "freshness"
+    return decision, None
