@@ -13,17 +13,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from sluice import protocol
-from sluice.control import (
-    ControlState,
-    Decision,
-    GroupResult,
-    Observation,
-    deadline_plan,
-    fire_reason,
-    plan_next,
-)
+from sluice.control import ControlState, Decision, GroupResult, Observation, fire_reason, plan_next
 from sluice.control.epoch_size import EpochSizeConfig
 from sluice.control.group_size import GroupSizeConfig
+from sluice.control.planner import deadline_plan
 from sluice.spec import PipelineSpec
 from sluice.store import EpochLog, Group
 
