@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,7 +19,7 @@ from sluice.control.epoch_size import EpochSizeConfig
 from sluice.control.group_size import GroupSizeConfig
 from sluice.control.planner import deadline_plan
 from sluice.spec import PipelineSpec
-from sluice.store import EpochLog, Group
+from sluice.store import Epoch, EpochLog, Group
 
 log = logging.getLogger("sluice.adaptive")
 
@@ -55,11 +56,23 @@ def load_state(spec: PipelineSpec, epoch_log: EpochLog) -> ControlState:
                             GroupSizeConfig(k0=min(c.group_epochs, c.max_group_epochs), k_max=c.max_group_epochs))
 
 
+def _per_file(spec: PipelineSpec, epoch_log: EpochLog, value: Callable[[Epoch], float | None],
+              last: int) -> float | None:
+    """``value`` per source file over the last ``last`` epochs that have one (``None``: none)."""
+    measured = [(e.end - e.start, v) for e in epoch_log.epochs(spec.name) if (v := value(e)) is not None][-last:]
+    files = sum(n for n, _ in measured)
+    return sum(v for _, v in measured) / files if files else None
+
+
 def records_per_file(spec: PipelineSpec, epoch_log: EpochLog, last: int = 20) -> float | None:
-    """Input records per source file over the last published epochs."""
-    epochs = [e for e in epoch_log.epochs(spec.name) if e.rows.get("input")][-last:]
-    files = sum(e.end - e.start for e in epochs)
-    return sum(e.rows["input"] for e in epochs) / files if files else None
+    """Input records per source file over the last epochs that read any."""
+    return _per_file(spec, epoch_log, lambda e: e.rows.get("input") or None, last)
+
+
+def seconds_per_file(spec: PipelineSpec, epoch_log: EpochLog, last: int = 20) -> float | None:
+    """Processing seconds per source file over the last published epochs (``None``: none yet)."""
+    return _per_file(spec, epoch_log, lambda e: float(e.timings["epoch_s"])
+                     if e.state == protocol.PUBLISHED and e.timings.get("epoch_s") is not None else None, last)
 
 
 def arrival_rates(spec: PipelineSpec, epoch_log: EpochLog, mtimes: list[float],
@@ -115,14 +128,6 @@ def max_epoch_files(spec: PipelineSpec, epoch_log: EpochLog, state: ControlState
     (the spec's ``epoch_files`` until a file has been measured)."""
     per_file = records_per_file(spec, epoch_log)
     return max(1, int(state.epoch.config.max_epoch_records / per_file)) if per_file else spec.control.epoch_files
-
-
-def seconds_per_file(spec: PipelineSpec, epoch_log: EpochLog, last: int = 20) -> float | None:
-    """Processing seconds per source file over the last published epochs (``None``: none yet)."""
-    epochs = [e for e in epoch_log.epochs(spec.name)
-              if e.state == protocol.PUBLISHED and e.timings.get("epoch_s") is not None][-last:]
-    files = sum(e.end - e.start for e in epochs)
-    return sum(float(e.timings["epoch_s"]) for e in epochs) / files if files else None
 
 
 def drain_decision(spec: PipelineSpec, epoch_log: EpochLog, state: ControlState, backlog_files: int,

@@ -148,7 +148,7 @@ def deadline_plan(backlog_files: int, oldest_age_s: float, freshness_sla_s: floa
     cannot make larger. Before anything was measured the wall is taken as half the SLA.
     """
     epoch_size = max(1, min(backlog_files, max_epoch_files))
-    k = max(1, min(math.ceil(max(backlog_files, 1) / epoch_size), max_k))
+    k = min(math.ceil(max(backlog_files, 1) / epoch_size), max_k)
     files = min(backlog_files, epoch_size * k)
     if coordination_s is None or seconds_per_file is None:
         wall, basis = freshness_sla_s / 2, "nothing measured yet: half the SLA"
