@@ -12,18 +12,32 @@ export AIRFLOW__CORE__DAGS_FOLDER := $(CURDIR)/dags
 export AIRFLOW__CORE__PLUGINS_FOLDER := $(CURDIR)/plugins
 export AIRFLOW__CORE__LOAD_EXAMPLES := False
 export AIRFLOW_CONN_SPARK_DEFAULT ?= {"conn_type": "spark", "host": "local[*]"}
+# The api-server listens on loopback unless told otherwise (make airflow HOST=0.0.0.0 PORT=8081).
+HOST ?= 127.0.0.1
+PORT ?= 8080
+export AIRFLOW__API__HOST := $(HOST)
+export AIRFLOW__API__PORT := $(PORT)
+export AIRFLOW__CORE__EXECUTION_API_SERVER_URL ?= http://$(HOST):$(PORT)/execution/
+# SQLite (the embedded default) waits for its lock instead of failing "database is locked".
+export AIRFLOW__DATABASE__SQL_ALCHEMY_CONNECT_ARGS ?= sluice.metadata_db.CONNECT_ARGS
+export AIRFLOW__DATABASE__SQL_ALCHEMY_CONNECT_ARGS_ASYNC ?= sluice.metadata_db.CONNECT_ARGS_ASYNC
 export GX_ANALYTICS_ENABLED := false
 export PYSPARK_PYTHON := $(PY)
 export PATH := $(VENV)/bin:$(PATH)
 export PYTHONPATH := $(CURDIR)/plugins:$(CURDIR)
 
 .PHONY: help setup venv jars demo test lint airflow generate store-rebuild bench-control bench-control-e2e \
-	bench bench-quick bench-sched clean
+	bench bench-quick bench-sched clean backfill rollback recover skip-file cli
 
 help:
 	@echo "make demo      set up, generate YSB data, run the ysb DAG through Airflow, print results"
 	@echo "make test      set up, then lint and run the whole test suite"
-	@echo "make airflow   start Airflow (standalone) on http://localhost:8080 with sluice's DAGs"
+	@echo "make airflow   start Airflow (standalone) on http://127.0.0.1:8080 with sluice's DAGs (HOST=, PORT=)"
+	@echo "make backfill DAG=<dag> FROM=<date> TO=<date>  an Airflow backfill, one run at a time"
+	@echo "make rollback PIPELINE=<name> TO_EPOCH=<n> REASON=<why> [RECOMPUTE=false]  trigger sluice_rollback"
+	@echo "make recover PIPELINE=<name>  trigger sluice_recover (rerun failed or unfinished epochs)"
+	@echo "make skip-file PIPELINE=<name> FILE=<path> REASON=<why>  skip a gone or unreadable file, recorded"
+	@echo "make cli ARGS='dags list'  any airflow command with this Makefile's environment"
 	@echo "make generate  land more YSB data (RATE=, DURATION=, FILES_PER_SECOND=, SEED=, LATE=, OUT=)"
 	@echo "make store-rebuild PIPELINE=<name>  rebuild a lost epoch store from the tables' epoch records"
 	@echo "make bench-control  simulate the adaptive controllers on rate traces (bench/results/control.*)"
@@ -59,7 +73,7 @@ lint: venv
 
 airflow: setup
 	@mkdir -p $(AIRFLOW_HOME)
-	@echo "==> starting Airflow standalone on http://localhost:8080 (Ctrl-C stops it)"
+	@echo "==> starting Airflow standalone on http://$(HOST):$(PORT) (Ctrl-C stops it)"
 	@echo "    login: admin / the password in $(AIRFLOW_HOME)/simple_auth_manager_passwords.json.generated"
 	@echo "    (printed below on the first start as 'Password for user admin')"
 	@$(VENV)/bin/airflow standalone
@@ -73,6 +87,33 @@ OUT ?= var/landing/ysb
 generate: venv
 	@$(PY) -m include.generators.ysb --out $(OUT) --rate $(RATE) --duration $(DURATION) \
 		--files-per-second $(FILES_PER_SECOND) --seed $(SEED) --late-fraction $(LATE)
+
+# Airflow's CLI needs this Makefile's environment (AIRFLOW_HOME, DAG folder, plugins): use these
+# targets, or `make cli ARGS='...'`, rather than a bare .venv/bin/airflow.
+cli: setup
+	@$(VENV)/bin/airflow $(ARGS)
+
+backfill: setup
+	@test -n "$(DAG)" -a -n "$(FROM)" -a -n "$(TO)" || { echo "usage: make backfill DAG=<dag> FROM=<date> TO=<date>"; exit 2; }
+	@$(VENV)/bin/airflow dags unpause $(DAG) > /dev/null
+	@$(VENV)/bin/airflow backfill create --dag-id $(DAG) --from-date $(FROM) --to-date $(TO) --max-active-runs 1
+
+TO_EPOCH ?=
+REASON ?=
+RECOMPUTE ?= true
+rollback: setup
+	@test -n "$(PIPELINE)" -a -n "$(TO_EPOCH)" -a -n "$(REASON)" || { \
+		echo "usage: make rollback PIPELINE=<name> TO_EPOCH=<n> REASON=<why> [RECOMPUTE=false]"; exit 2; }
+	@$(VENV)/bin/airflow dags trigger sluice_rollback --conf '{"pipeline": "$(PIPELINE)", "to_epoch": $(TO_EPOCH), "reason": "$(REASON)", "recompute": $(RECOMPUTE)}'
+
+recover: setup
+	@test -n "$(PIPELINE)" || { echo "usage: make recover PIPELINE=<name>"; exit 2; }
+	@$(VENV)/bin/airflow dags trigger sluice_recover --conf '{"pipeline": "$(PIPELINE)"}'
+
+skip-file: venv
+	@test -n "$(PIPELINE)" -a -n "$(FILE)" -a -n "$(REASON)" || { \
+		echo "usage: make skip-file PIPELINE=<name> FILE=<path> REASON=<why>"; exit 2; }
+	@$(PY) jobs/skip_file.py --pipeline $(PIPELINE) --file "$(FILE)" --reason "$(REASON)"
 
 store-rebuild: setup
 	@test -n "$(PIPELINE)" || { echo "usage: make store-rebuild PIPELINE=<name>"; exit 2; }

@@ -242,3 +242,20 @@ def rebuild_store(spec: PipelineSpec, epoch_log: EpochLog, spark: SparkSession, 
         epoch_log.release_lease(lease)
     report["generation"] = epoch_log.generation(spec.name)
     return report
+
+
+# -- skipping a file ---------------------------------------------------------------------------
+
+def skip_file(spec: PipelineSpec, epoch_log: EpochLog, path: str, *, by: str, reason: str) -> dict[str, Any]:
+    """Leave a file that is gone or unreadable out of its epoch, on purpose and recorded (who,
+    when, why). ``path``: as in the manifest (absolute), or relative to the landing folder.
+    Failed epochs holding it get fresh attempts, so the next run (or ``sluice_recover``) runs
+    them without it."""
+    candidates = [str(Path(path).absolute()), str((spec.landing_dir / path).absolute())]
+    known = epoch_log.known_paths(spec.name)
+    match = next((c for c in candidates if c in known), candidates[0])
+    entry, epochs = epoch_log.skip_file(spec.name, match, by=by, reason=reason)
+    log.warning("pipeline %s: file %s (offset %s) skipped by %s: %s; epochs %s read without it", spec.name,
+                entry.path, entry.position, by, reason, epochs)
+    return {"pipeline": spec.name, "file": entry.path, "position": entry.position, "epochs": epochs,
+            "skipped": entry.skipped.as_record() if entry.skipped else None}

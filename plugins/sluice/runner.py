@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from sluice import faults, protocol, validation
-from sluice.errors import FencedError, SluiceError
+from sluice.errors import FencedError, PipelineHaltedError, SluiceError
 from sluice.paths import project_root
 from sluice.sinks.delta import DeltaSink, SinkCommit, describe, rejected_sink
 from sluice.sources import FileSource
@@ -162,7 +162,7 @@ class GroupRunner:
         else:
             for epoch in todo:
                 self.log.renew_lease(lease, self.spec.control.lease_ttl_s)
-                self.log.start_attempt(lease, epoch)
+                self._start_attempt(lease, epoch)
                 try:
                     committed = self.commit(lease, self.prepare(epoch))
                 except Exception as exc:
@@ -188,7 +188,7 @@ class GroupRunner:
                 epoch = next(upcoming, None)
                 if epoch is not None:
                     self.log.renew_lease(lease, self.spec.control.lease_ttl_s)
-                    self.log.start_attempt(lease, epoch)
+                    self._start_attempt(lease, epoch)
                     queue.append((epoch, pool.submit(self._prepare_in_pool, epoch, weights[epoch.epoch_id], level)))
 
             for _ in range(level):
@@ -227,21 +227,48 @@ class GroupRunner:
         prepared.timings["concurrency"] = level
         return prepared
 
+    def _start_attempt(self, lease: Lease, epoch: Epoch) -> None:
+        """Count an attempt, unless the epoch has used up ``control.max_attempts``: then the
+        pipeline is halted until an operator acts (recover, skip a file, roll back)."""
+        limit = self.spec.control.max_attempts
+        if epoch.attempts >= limit:
+            raise PipelineHaltedError(
+                f"pipeline {self.spec.name!r} is halted: epoch {epoch.epoch_id} (offsets [{epoch.start}, "
+                f"{epoch.end})) failed {epoch.attempts} times (control.max_attempts = {limit}); last error: "
+                f"{epoch.error}. Fix the cause, then trigger sluice_recover (or sluice_skip_file for a file "
+                "that is gone or unreadable)")
+        self.log.start_attempt(lease, epoch)
+
     def _fail(self, lease: Lease, epoch: Epoch, exc: Exception) -> NoReturn:
-        """Record the epoch's failure, pointing at its poison record when one record alone
-        makes the transform fail, and raise."""
+        """Record the epoch's failure with its real cause and its files, pointing at its poison
+        record when one record alone makes the transform fail, and raise."""
         if isinstance(exc, FencedError):
             raise exc
         message = _short_error(exc)
         if isinstance(exc, SluiceError | faults.InjectedFault):
             self.log.mark_failed(lease, epoch, message)
             raise exc
+        if driver_died(exc):
+            # No probe: the session is gone. Say what killed it, not the socket error it left.
+            message = (f"the Spark driver died while processing files {self._file_names(epoch)} ({message}); "
+                       "most often it ran out of memory: raise spark.driver.memory, or lower "
+                       "source.max_record_bytes or control.epoch_files")
+            self.log.mark_failed(lease, epoch, message)
+            raise SluiceError(f"pipeline {self.spec.name!r} epoch {epoch.epoch_id} "
+                              f"(offsets [{epoch.start}, {epoch.end})) failed: {message}") from exc
         poison = self.locate_poison(epoch)
         if poison:
             message += f" -- poison record at {poison[0]} line {poison[1]}: {poison[2][:500]}"
+        else:
+            message += f" -- files {self._file_names(epoch)}"
         self.log.mark_failed(lease, epoch, message)
         raise SluiceError(f"pipeline {self.spec.name!r} epoch {epoch.epoch_id} "
                           f"(offsets [{epoch.start}, {epoch.end})) failed: {message}") from exc
+
+    def _file_names(self, epoch: Epoch, limit: int = 5) -> str:
+        paths = [e.path for e in self.log.manifest(self.spec.name, epoch.start, epoch.end)]
+        more = f" and {len(paths) - limit} more" if len(paths) > limit else ""
+        return ", ".join(paths[:limit]) + more
 
     def _outputs(self, valid: DataFrame) -> dict[str, DataFrame]:
         outputs = self.transform(valid, self.refs)
@@ -252,7 +279,7 @@ class GroupRunner:
     def run_epoch(self, lease: Lease, epoch: Epoch) -> dict[str, Any] | None:
         """Read, transform, validate and write one epoch; returns what it wrote, or ``None``
         when it failed validation under the ``fail`` policy (nothing written)."""
-        self.log.start_attempt(lease, epoch)
+        self._start_attempt(lease, epoch)
         return self.commit(lease, self.prepare(epoch))
 
     def prepare(self, epoch: Epoch, materialize: bool = False) -> PreparedEpoch:
@@ -442,6 +469,19 @@ class _QuietErrors:
             if self.saved[0] is not None:
                 self.spark.sparkContext.setLogLevel(self.saved[0])
             self.py_logger.setLevel(self.saved[1])
+
+
+def driver_died(exc: BaseException) -> bool:
+    """Whether the Spark driver JVM is gone or out of memory: py4j then reports a refused or
+    reset socket (or an empty answer), and ``locate_poison`` would only fail the same way."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        text = str(seen)
+        if (isinstance(seen, ConnectionError | BrokenPipeError) or type(seen).__name__ == "Py4JNetworkError"
+                or "Answer from Java side is empty" in text or "java.lang.OutOfMemoryError" in text):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
 
 
 def _short_error(exc: BaseException) -> str:

@@ -61,7 +61,7 @@ def plan(spec: PipelineSpec, epoch_log: EpochLog, owner: str, *, epoch_size: int
             FileSource(spec, epoch_log).discover()
             group = epoch_log.plan_group(lease, epoch_size=epoch_size or spec.control.epoch_files,
                                          k=k or spec.control.group_epochs, plan={**(extra or {}), "reason": reason},
-                                         only_leftovers=recover)
+                                         only_leftovers=recover, fresh_attempts=recover)
             planned = group and group.as_record()
     except BaseException:
         epoch_log.release_lease(lease)
@@ -77,6 +77,12 @@ def plan(spec: PipelineSpec, epoch_log: EpochLog, owner: str, *, epoch_size: int
 
 def _plan_backfill(spec: PipelineSpec, epoch_log: EpochLog, lease: Lease, epoch_size: int | None,
                    k: int | None, interval: tuple[float, float]) -> dict[str, Any] | None:
+    """A backfill run's share: data that landed before the interval's end and was never
+    planned is planned now (processed for the first time); otherwise the epochs whose data
+    arrived in the interval are recomputed (a rollback ``run`` performs)."""
+    new = _plan_backfill_new_data(spec, epoch_log, lease, epoch_size, k, interval[1])
+    if new is not None:
+        return new
     ids = operations.epochs_arrived(spec, epoch_log, *interval)
     if not ids:
         log.info("pipeline %s: no epoch's data arrived in %s", spec.name, interval)
@@ -88,10 +94,37 @@ def _plan_backfill(spec: PipelineSpec, epoch_log: EpochLog, lease: Lease, epoch_
                                      plan={"reason": f"backfill: epochs {ids} arrived in {interval}"})
         return group and group.as_record()
     reason = f"backfill: recompute epochs {ids[0]}..{ids[-1]}, whose data arrived in {list(interval)}"
+    # Before the intent is recorded: a file gone from the source refuses the backfill and
+    # leaves the pipeline as it was (a recorded intent would halt it until completed).
+    epochs = {e.epoch_id: e for e in epoch_log.epochs(spec.name)}
+    FileSource(spec, epoch_log).check_retained(epochs[ids[0]].start, epochs[ids[-1]].end)
     epoch_log.begin_rollback(lease, {"to_epoch": ids[0], "through_epoch": ids[-1], "reason": reason,
                                      "owner": lease.owner})
     return {"pipeline": spec.name, "group_id": None, "epochs": [], "plan": {"reason": reason},
             "rollback": {"to_epoch": ids[0], "through_epoch": ids[-1]}}
+
+
+def _plan_backfill_new_data(spec: PipelineSpec, epoch_log: EpochLog, lease: Lease, epoch_size: int | None,
+                            k: int | None, before: float) -> dict[str, Any] | None:
+    """New epochs over never-planned files that landed before ``before`` (epoch seconds)."""
+    FileSource(spec, epoch_log).discover()
+    unplanned = epoch_log.manifest(spec.name, epoch_log.next_offset(spec.name))
+    landed = [f.position for f in unplanned if f.mtime < before]
+    if not landed:
+        return None
+    size = epoch_size or spec.control.epoch_files
+    # All of it in this run: a backfill's last run must leave none of its range unprocessed.
+    group = epoch_log.plan_group(lease, epoch_size=size, k=k or max(spec.control.group_epochs, -(-len(landed) // size)),
+                                 until_offset=max(landed) + 1,
+                                 plan={"reason": f"backfill: {len(landed)} files that landed before "
+                                                 f"{_iso(before)} were never processed"})
+    return group and group.as_record()
+
+
+def _iso(seconds: float) -> str:
+    from datetime import UTC, datetime
+
+    return datetime.fromtimestamp(seconds, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def _run_lease(spec: PipelineSpec, epoch_log: EpochLog, owner: str, group_id: int | None) -> Lease:

@@ -15,7 +15,7 @@ if _PLUGINS not in sys.path:
 from sluice import protocol  # noqa: E402
 from sluice.errors import ProtocolError  # noqa: E402
 from sluice.store import EpochLog  # noqa: E402
-from tests.unit.test_epoch_log import commit_all, files  # noqa: E402
+from tests.unit.test_epoch_log import commit_all, files, spans  # noqa: E402
 
 P = "pipe"
 
@@ -138,3 +138,66 @@ def test_live_records_drop_what_a_later_rollback_undid():
     assert [(r["epoch_id"], r["generation"]) for r in live] == [(0, 0), (1, 0), (2, 1), (3, 2)]
     # A rollback with no recompute yet: epochs >= 1 are gone from the live set.
     assert [r["epoch_id"] for r in live_records(epochs[:4], [{"generation": 1, "to_epoch": 1}])] == [0]
+
+
+# -- epoch history, skipped files, attempts ------------------------------------------------------
+
+
+def test_epoch_history_shows_each_epoch_of_each_generation_once_with_its_writer(log):
+    published_groups(log, 2)  # epochs 0..3 in generation 0
+    lease = log.acquire_lease(P, "op")
+    plan = log.rollback_plan(P, 2)
+    log.begin_rollback(lease, {"to_epoch": 2, "reason": "r"})
+    _, group = log.finish_rollback(lease, plan, replan=True, reason="r")
+    commit_all(log, lease, group)
+    log.finish_group(lease, group.group_id, protocol.PUBLISHED)
+    history = [(e.epoch_id, e.written_generation, e.generation, e.state) for e in log.epoch_history(P)]
+    assert history == [
+        (0, 0, 1, "published"), (1, 0, 1, "published"),  # carried into generation 1, written in 0
+        (2, 0, 0, "rolled_back"), (2, 1, 1, "published"),
+        (3, 0, 0, "rolled_back"), (3, 1, 1, "published")]
+    # A second rollback carries the carried copies again: still written in generation 0.
+    lease = log.acquire_lease(P, "op")
+    plan = log.rollback_plan(P, 3)
+    log.begin_rollback(lease, {"to_epoch": 3, "reason": "r2"})
+    log.finish_rollback(lease, plan, replan=False, reason="r2")
+    history = [(e.epoch_id, e.written_generation, e.generation, e.state) for e in log.epoch_history(P)]
+    assert history[:2] == [(0, 0, 2, "published"), (1, 0, 2, "published")]
+    assert (2, 1, 2, "published") in history and (3, 1, 1, "rolled_back") in history
+
+
+def test_skip_file_is_recorded_and_gives_the_failed_epoch_fresh_attempts(log):
+    log.register_files(P, files(4))
+    lease = log.acquire_lease(P, "run")
+    group = log.plan_group(lease, epoch_size=2, k=2)
+    for _ in range(3):
+        log.start_attempt(lease, group.epochs[1])
+    log.mark_failed(lease, group.epochs[1], "SourceError: file /landing/f0002.json is no longer there")
+    assert "failed 3 times" in log.halt_reason(P, 3)
+    with pytest.raises(ProtocolError, match="needs a reason"):
+        log.skip_file(P, "/landing/f0002.json", by="ops", reason=" ")
+    with pytest.raises(ProtocolError, match="not in the source manifest"):
+        log.skip_file(P, "/landing/nope.json", by="ops", reason="gone")
+    entry, holders = log.skip_file(P, "/landing/f0002.json", by="ops:ana", reason="upload truncated")
+    assert holders == [1] and entry.position == 2
+    assert entry.skipped.by == "ops:ana" and entry.skipped.reason == "upload truncated"
+    assert log.halt_reason(P, 3) is None, "fresh attempts: the pipeline runs again"
+    skipped = {e.path: e.skipped for e in log.manifest(P)}
+    assert skipped["/landing/f0002.json"] is not None and skipped["/landing/f0003.json"] is None
+    assert log.manifest(P, 2, 3)[0].as_record()["skipped"]["reason"] == "upload truncated"
+
+
+def test_recovery_gives_fresh_attempts_and_backfill_plans_below_an_offset(log):
+    log.register_files(P, files(6))
+    lease = log.acquire_lease(P, "run")
+    group = log.plan_group(lease, epoch_size=2, k=1, until_offset=3)
+    assert spans(group) == [(0, 0, 2)]
+    log.start_attempt(lease, group.epochs[0])
+    log.mark_failed(lease, group.epochs[0], "boom")
+    again = log.plan_group(lease, epoch_size=2, k=3, only_leftovers=True)
+    assert again.epochs[0].attempts == 1, "a plain retry keeps counting"
+    again = log.plan_group(lease, epoch_size=2, k=3, only_leftovers=True, fresh_attempts=True)
+    assert again.epochs[0].attempts == 0
+    commit_all(log, lease, again)
+    log.finish_group(lease, again.group_id, protocol.PUBLISHED)
+    assert spans(log.plan_group(lease, epoch_size=2, k=5, until_offset=3)) == [(1, 2, 3)]

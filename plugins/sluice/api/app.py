@@ -1,9 +1,10 @@
 """Read-only epoch-log API, served by the Airflow api-server under ``/sluice``.
 
 ``GET /sluice/pipelines`` lists pipelines with a summary; ``GET /sluice/pipelines/{name}/epochs``
-returns the epochs of the current generation; ``GET /sluice/pipelines/{name}/control`` the
-adaptive controllers' state and what the backlog sensor would decide now. (Plugin apps are not behind Airflow's auth:
-this one only reads.)
+returns every epoch of every generation once (rolled-back ones included) with the generation
+that wrote it, the one it lives in now, and its files; ``GET /sluice/pipelines/{name}/control``
+the adaptive controllers' state and what the backlog sensor would decide now. (Plugin apps
+are not behind Airflow's auth: this one only reads.)
 """
 
 from __future__ import annotations
@@ -36,7 +37,14 @@ def epochs(name: str) -> list[dict[str, Any]]:
         raise HTTPException(status_code=404, detail=str(exc)) from None
     log = EpochLog()
     try:
-        return [e.as_record() for e in log.epochs(name)]
+        history = log.epoch_history(name)
+        end = max((e.end for e in history), default=0)
+        files = {f.position: f.as_record() for f in log.manifest(name, 0, end)}
+        current = log.generation(name)
+        return [dict(e.as_record(), generation=e.written_generation, live_generation=e.generation,
+                     live=e.generation == current and e.state != "rolled_back",
+                     files=[files[p] for p in range(e.start, e.end) if p in files])
+                for e in history]
     finally:
         log.close()
 
@@ -57,9 +65,11 @@ def control(name: str) -> dict[str, Any]:
         backlog = source.backlog(listing)
         verdict = adaptive.decide(spec, log, backlog.files, backlog.oldest_age_s, [f[2] for f in listing],
                                   continuous=spec.schedule == "@continuous")
+        halted = log.halt_reason(name, spec.control.max_attempts)
+        # A halted pipeline's sensor does not fire, whatever the controllers would plan.
         return {"pipeline": name, "adaptive": spec.control.adaptive, "backlog": backlog.as_dict(),
-                "next": dict(verdict.plan(), fire=verdict.fire), "state": log.control_state(name),
-                "halted": log.halt_reason(name, spec.control.max_attempts)}
+                "next": dict(verdict.plan(), fire=None if halted else verdict.fire),
+                "state": log.control_state(name), "halted": halted}
     except SluiceError as exc:
         raise HTTPException(status_code=409, detail=str(exc)) from None
     finally:

@@ -23,6 +23,11 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
 
+#: What an operator can do about a file that is gone, unreadable or changed.
+SKIP_HINT = ("Put the file back as it was, or skip it on purpose (recorded): trigger the sluice_skip_file DAG, "
+             "or `make skip-file PIPELINE=<name> FILE=<path> REASON=<why>`")
+
+
 @dataclass(frozen=True)
 class Backlog:
     """What waits at the source: unplanned files, their bytes and the age of the oldest."""
@@ -93,9 +98,10 @@ class FileSource:
         return entries
 
     def check_retained(self, start: int, end: int) -> list[ManifestEntry]:
-        """Raise ``SourceError`` naming the file unless every file of the range is still there,
-        readable and unchanged since it was discovered (a rerun must read the same records)."""
-        entries = self.files(start, end)
+        """The files of the range to read: raise ``SourceError`` naming the file unless each is
+        still there, readable and unchanged since it was discovered (a rerun must read the same
+        records). Files an operator skipped (``sluice_skip_file``) are left out."""
+        entries = [e for e in self.files(start, end) if e.skipped is None]
         for entry in entries:
             try:
                 st = os.stat(entry.path)
@@ -103,14 +109,15 @@ class FileSource:
                     fh.read(1)
             except FileNotFoundError:
                 raise SourceError(f"pipeline {self.spec.name!r}: file {entry.path} (offset "
-                                  f"{entry.position}) is no longer in the landing folder") from None
+                                  f"{entry.position}) is no longer in the landing folder. {SKIP_HINT}") from None
             except OSError as exc:
                 raise SourceError(f"pipeline {self.spec.name!r}: cannot read file {entry.path} "
-                                  f"(offset {entry.position}): {exc.strerror or exc}") from None
+                                  f"(offset {entry.position}): {exc.strerror or exc}. {SKIP_HINT}") from None
             if st.st_size != entry.size or st.st_mtime != entry.mtime:
                 raise SourceError(f"pipeline {self.spec.name!r}: file {entry.path} (offset {entry.position}) "
                                   f"changed after it was discovered (size {entry.size} -> {st.st_size} "
-                                  "bytes, or its modification time); landed files must be immutable")
+                                  "bytes, or its modification time); landed files must be immutable. "
+                                  f"{SKIP_HINT}")
         return entries
 
     def read(self, spark: SparkSession, start: int, end: int) -> DataFrame:

@@ -1,5 +1,5 @@
 """The epoch log: sluice's write-ahead log of epoch ranges, states and commits."""
 
-from sluice.store.epoch_log import Epoch, EpochLog, Group, Lease, ManifestEntry, store_url
+from sluice.store.epoch_log import Epoch, EpochLog, FileSkip, Group, Lease, ManifestEntry, store_url
 
-__all__ = ["Epoch", "EpochLog", "Group", "Lease", "ManifestEntry", "store_url"]
+__all__ = ["Epoch", "EpochLog", "FileSkip", "Group", "Lease", "ManifestEntry", "store_url"]

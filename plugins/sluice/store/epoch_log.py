@@ -91,11 +91,34 @@ class Lease:
 
 
 @dataclass(frozen=True)
+class FileSkip:
+    """An operator's decision to leave a file out of its epoch (gone or unreadable)."""
+
+    at: datetime
+    by: str
+    reason: str
+
+    def as_record(self) -> dict[str, str]:
+        return {"at": self.at.isoformat() + "Z", "by": self.by, "reason": self.reason}
+
+
+@dataclass(frozen=True)
 class ManifestEntry:
     position: int
     path: str
     size: int
     mtime: float
+    skipped: FileSkip | None = None
+
+    @classmethod
+    def of(cls, row: SourceFileRow) -> ManifestEntry:
+        skipped = (FileSkip(row.skipped_at, row.skipped_by or "", row.skip_reason or "")
+                   if row.skipped_at is not None else None)
+        return cls(row.position, row.path, row.size, row.mtime, skipped)
+
+    def as_record(self) -> dict[str, Any]:
+        return {"position": self.position, "path": self.path, "size": self.size, "mtime": self.mtime,
+                "skipped": self.skipped.as_record() if self.skipped else None}
 
 
 @dataclass(frozen=True)
@@ -116,6 +139,9 @@ class Epoch:
     planned_at: datetime | None = None
     committed_at: datetime | None = None
     published_at: datetime | None = None
+    #: The generation whose run wrote the epoch (a rollback carries kept epochs into the new
+    #: generation unchanged; ``generation`` is then the one it lives in now).
+    written_generation: int | None = None
 
     @classmethod
     def of(cls, row: EpochRow) -> Epoch:
@@ -126,6 +152,7 @@ class Epoch:
             rows=dict(row.rows or {}), timings=dict(row.timings or {}), error=row.error,
             validation=row.validation, planned_at=row.planned_at, committed_at=row.committed_at,
             published_at=row.published_at,
+            written_generation=row.generation if row.origin_generation is None else row.origin_generation,
         )
 
     def as_record(self) -> dict[str, Any]:
@@ -356,7 +383,35 @@ class EpochLog:
             if end is not None:
                 stmt = stmt.where(SourceFileRow.position < end)
             rows = s.scalars(stmt.order_by(SourceFileRow.position))
-            return [ManifestEntry(r.position, r.path, r.size, r.mtime) for r in rows]
+            return [ManifestEntry.of(r) for r in rows]
+
+    def skip_file(self, pipeline: str, path: str, *, by: str, reason: str) -> tuple[ManifestEntry, list[int]]:
+        """Leave a registered file out of its epoch on purpose, recorded (who, when, why).
+
+        Epochs whose range holds the file read around it from now on, reruns and rollback
+        recomputes included. Failed epochs holding it get fresh attempts, so a pipeline halted
+        on that file runs again. Returns the entry and the epochs of the current generation
+        that hold it."""
+        if not reason.strip():
+            raise ProtocolError(f"pipeline {pipeline!r}: skipping {path} needs a reason (it is recorded)")
+        with self._tx() as s:
+            row = s.scalars(select(SourceFileRow).where(SourceFileRow.pipeline == pipeline,
+                                                        SourceFileRow.path == path)).first()
+            if row is None:
+                raise ProtocolError(
+                    f"pipeline {pipeline!r}: {path} is not in the source manifest (never discovered); a file "
+                    "that was never discovered needs no skip: remove it from the landing folder")
+            if row.skipped_at is None:
+                row.skipped_at, row.skipped_by, row.skip_reason = utcnow(), by, reason[:4000]
+            gen = self._pipeline(s, pipeline).generation
+            holders = list(s.scalars(select(EpochRow).where(
+                EpochRow.pipeline == pipeline, EpochRow.generation == gen, EpochRow.state != protocol.ROLLED_BACK,
+                EpochRow.start_offset <= row.position, EpochRow.end_offset > row.position)))
+            for epoch in holders:
+                if epoch.state == protocol.FAILED:
+                    epoch.attempts = 0
+            s.flush()
+            return ManifestEntry.of(row), [e.epoch_id for e in holders]
 
     # -- epochs and groups -------------------------------------------------------------------
 
@@ -367,6 +422,18 @@ class EpochLog:
             rows = s.scalars(select(EpochRow).where(EpochRow.pipeline == pipeline, EpochRow.generation == gen)
                              .order_by(EpochRow.epoch_id))
             return [Epoch.of(r) for r in rows]
+
+    def epoch_history(self, pipeline: str) -> list[Epoch]:
+        """Every epoch of every generation once, in (epoch, written generation) order: a
+        rolled-back epoch as ``rolled_back`` in the generation that wrote it, an epoch a
+        rollback carried forward once, with its current state and ``written_generation``."""
+        with self._tx() as s:
+            rows = s.scalars(select(EpochRow).where(EpochRow.pipeline == pipeline)
+                             .order_by(EpochRow.epoch_id, EpochRow.generation))
+            newest: dict[tuple[int, int], EpochRow] = {}
+            for r in rows:  # a carried copy replaces the row it was copied from
+                newest[(r.epoch_id, r.generation if r.origin_generation is None else r.origin_generation)] = r
+            return [Epoch.of(newest[key]) for key in sorted(newest)]
 
     def next_offset(self, pipeline: str) -> int:
         """The first source offset no live epoch covers."""
@@ -403,14 +470,17 @@ class EpochLog:
             return [self._group(s, pipeline, i) for i in list(ids)]
 
     def plan_group(self, lease: Lease, *, epoch_size: int, k: int, plan: dict[str, Any] | None = None,
-                   only_leftovers: bool = False, through_epoch: int | None = None) -> Group | None:
+                   only_leftovers: bool = False, through_epoch: int | None = None,
+                   until_offset: int | None = None, fresh_attempts: bool = False) -> Group | None:
         """Reconcile, then plan (write-ahead) the next group of this pipeline.
 
         Epochs a dead run left ``planned`` or ``failed`` form the group first, with their
         recorded ranges. Otherwise up to ``k`` new epochs of ``epoch_size`` offsets are appended
         from the next unplanned offset to the end of the manifest, in one transaction. Returns
         ``None`` when there is nothing to do. ``only_leftovers`` plans nothing new (recovery);
-        ``through_epoch`` takes leftovers only up to that epoch (a backfill run's share).
+        ``through_epoch`` takes leftovers only up to that epoch (a backfill run's share);
+        ``until_offset`` plans new epochs only below that offset (a backfill run's data);
+        ``fresh_attempts`` resets the leftovers' attempt counts (an operator's recovery).
         """
         now = utcnow()
         with self._tx() as s:
@@ -430,6 +500,8 @@ class EpochLog:
                 # Re-run the dead run's epochs with their recorded ranges, as a new group.
                 for r in rows:
                     if r.epoch_id in leftover_ids:
+                        if fresh_attempts:
+                            r.attempts = 0
                         dead = s.get(GroupRow, (lease.pipeline, r.group_id))
                         if dead is not None and dead.state == protocol.PLANNED:
                             dead.state, dead.finished_at = protocol.FAILED, now
@@ -444,7 +516,9 @@ class EpochLog:
             if only_leftovers:
                 return None
             start = self._next_offset(s, lease.pipeline, gen)
-            ranges = protocol.plan_ranges(start, self._manifest_end(s, lease.pipeline), epoch_size, k)
+            end = self._manifest_end(s, lease.pipeline)
+            ranges = protocol.plan_ranges(start, end if until_offset is None else min(end, until_offset),
+                                          epoch_size, k)
             if not ranges:
                 return None
             next_id = (max((r.epoch_id for r in rows), default=-1)) + 1
@@ -612,7 +686,9 @@ class EpochLog:
                                state=old.state, attempts=old.attempts, delta_versions=old.delta_versions,
                                rows=old.rows, timings=old.timings, error=old.error, validation=old.validation,
                                planned_at=old.planned_at, committed_at=old.committed_at,
-                               published_at=old.published_at))
+                               published_at=old.published_at,
+                               origin_generation=(old.generation if old.origin_generation is None
+                                                  else old.origin_generation)))
             for e in plan.rolled_back:
                 row = s.get(EpochRow, (lease.pipeline, e.epoch_id, plan.generation))
                 protocol.check_transition(e.epoch_id, row.state, protocol.ROLLED_BACK)
@@ -671,7 +747,9 @@ class EpochLog:
             groups: dict[int, list[dict[str, Any]]] = {}
             for e in epochs:
                 groups.setdefault(e["group_id"], []).append(e)
+                written = e.get("written_generation", e.get("generation", generation))
                 s.add(EpochRow(pipeline=pipeline, epoch_id=e["epoch_id"], generation=generation,
+                               origin_generation=None if written == generation else written,
                                group_id=e["group_id"], start_offset=e["start"], end_offset=e["end"],
                                state=protocol.PUBLISHED, attempts=e.get("attempts", 1),
                                delta_versions=e.get("delta_versions") or {}, rows=e.get("rows") or {},

@@ -40,6 +40,10 @@ class SourceFileRow(Base):
     size: Mapped[int] = mapped_column(BigInteger)
     mtime: Mapped[float] = mapped_column()
     discovered_at: Mapped[datetime] = mapped_column(DateTime)
+    # An operator skipped the file on purpose (gone, unreadable): epochs read around it.
+    skipped_at: Mapped[datetime | None] = mapped_column(DateTime, nullable=True)
+    skipped_by: Mapped[str | None] = mapped_column(String(500), nullable=True)
+    skip_reason: Mapped[str | None] = mapped_column(Text, nullable=True)
 
 
 class GroupRow(Base):
@@ -76,6 +80,9 @@ class EpochRow(Base):
     planned_at: Mapped[datetime] = mapped_column(DateTime)
     committed_at: Mapped[datetime | None] = mapped_column(DateTime, nullable=True)
     published_at: Mapped[datetime | None] = mapped_column(DateTime, nullable=True)
+    # The generation the epoch was written in, when a rollback carried it into a later one
+    # unchanged (NULL: written in ``generation`` itself).
+    origin_generation: Mapped[int | None] = mapped_column(Integer, nullable=True)
 
 
 class ControlRow(Base):
