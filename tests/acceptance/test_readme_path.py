@@ -1,0 +1,347 @@
+"""The README's own path, walked as a new user walks it, in the Makefile's environment only.
+
+A copy of the checkout (sharing `.venv` and the Delta jars) with nothing of the test session's
+settings (no ``SLUICE_STORE_URL``, no test pipelines folder, no Airflow home of the tests):
+``make airflow`` as documented, log in with the generated admin password, unpause ``ysb``
+through REST, ``make generate``; the table must equal an oracle computed from the raw files
+while the scheduler stays healthy. Then the "Operating a pipeline" section: clear
+``run_group`` of a past run with the README's REST body, ``make rollback``, the README's
+backfill line run by bash as printed, and a landing folder of bad input (a zero-byte file,
+a Latin-1 line, JSON arrays, one 50 MB line, a file that vanishes after it was planned), which
+halts the pipeline at ``control.max_attempts`` until ``make skip-file``; each step ends equal to
+the oracle, with every bad record in ``_rejected``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import time
+import uuid
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from include.generators.ysb import WINDOW_MS, load_ads, parse_valid
+from sluice.paths import project_root
+from tests.airflow import standalone
+
+#: Environment the test session adds (tests/conftest.py) and a user's shell would not have.
+TEST_ONLY = ("SLUICE_", "AIRFLOW", "PYSPARK_", "GX_", "PYTHONPATH", "SPARK_")
+UNHEALTHY_GRACE_S = 90.0  # a heartbeat can lag on 2 loaded cores; a dead scheduler stays unhealthy
+
+
+class User:
+    """A new user's checkout and shell: runs `make` targets and talks to the API as admin."""
+
+    def __init__(self, root: Path, port: int) -> None:
+        self.root = root
+        self.port = port
+        self.marker = uuid.uuid4().hex
+        self.env = {k: v for k, v in os.environ.items() if not k.startswith(TEST_ONLY)}
+        self.env[standalone.MARKER] = self.marker  # only so that the test can stop every process
+        self.unhealthy_since: float | None = None
+        self.health_samples = 0
+        self.client: httpx.Client | None = None
+        self.server: standalone.Server | None = None
+
+    def make(self, *args: str, timeout: float = 600) -> str:
+        out = subprocess.run(["make", *args], cwd=self.root, env=self.env, capture_output=True, text=True,
+                             timeout=timeout)
+        assert out.returncode == 0, f"make {' '.join(args)} failed:\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}"
+        return out.stdout
+
+    def bash(self, line: str, timeout: float = 300) -> str:
+        out = subprocess.run(["bash", "-c", line], cwd=self.root, env=self.env, capture_output=True, text=True,
+                             timeout=timeout)
+        assert out.returncode == 0, f"{line} failed:\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}"
+        return out.stdout
+
+    def check_health(self) -> None:
+        """Fail once the scheduler has been unhealthy for longer than a heartbeat hiccup."""
+        status = standalone.health(self.client)
+        self.health_samples += 1
+        if (status.get("scheduler") or {}).get("status") == "healthy":
+            self.unhealthy_since = None
+            return
+        self.unhealthy_since = self.unhealthy_since or time.monotonic()
+        assert time.monotonic() - self.unhealthy_since < UNHEALTHY_GRACE_S, (
+            f"the scheduler is unhealthy: {status}\n{standalone.tail(self.server.log_path, 120)}")
+
+    def wait(self, check: Any, timeout: float, what: str, interval: float = 3.0) -> Any:
+        def checked() -> Any:
+            self.check_health()
+            return check()
+
+        return standalone.wait_for(checked, timeout, what, interval=interval, server=self.server)
+
+    def epochs(self, pipeline: str = "ysb") -> list[dict[str, Any]]:
+        r = self.client.get(f"/sluice/pipelines/{pipeline}/epochs")
+        r.raise_for_status()
+        return r.json()
+
+    def trigger_runs(self, dag_id: str) -> list[dict[str, Any]]:
+        return standalone.dag_runs(self.client, dag_id)
+
+
+def copy_checkout(dest: Path) -> Path:
+    """The working tree as a fresh clone would have it, plus the set-up `make` would redo."""
+    root = project_root()
+    listed = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=root, capture_output=True,
+                            text=True, check=True).stdout.split("\n")
+    for name in filter(None, listed):
+        src = root / name
+        if src.is_file():
+            (dest / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, dest / name)
+    (dest / ".venv").symlink_to(root / ".venv")
+    (dest / "var").mkdir(exist_ok=True)
+    (dest / "var" / "jars").symlink_to(root / "var" / "jars")
+    return dest
+
+
+@pytest.fixture(scope="module")
+def user(tmp_path_factory: pytest.TempPathFactory) -> Iterator[User]:
+    root = copy_checkout(tmp_path_factory.mktemp("readme") / "sluice")
+    u = User(root, standalone.free_port())
+    log_path = root / "make-airflow.log"
+    log_file = open(log_path, "wb")
+    proc = subprocess.Popen(["make", "airflow", f"PORT={u.port}"], cwd=root, env=u.env, stdout=log_file,
+                            stderr=subprocess.STDOUT, start_new_session=True)
+    u.server = standalone.Server(home=root / "var" / "airflow", port=u.port, proc=proc, log_path=log_path,
+                                 marker=u.marker, _log_file=log_file)
+    try:
+        passwords = root / "var" / "airflow" / "simple_auth_manager_passwords.json.generated"
+        standalone.wait_for(lambda: passwords.exists() and json.loads(passwords.read_text() or "{}"), 300,
+                            "the generated admin password", server=u.server)
+        password = json.loads(passwords.read_text())["admin"]
+
+        def token() -> str | None:
+            r = httpx.post(f"{u.server.url}/auth/token", json={"username": "admin", "password": password},
+                           timeout=30)
+            return r.json()["access_token"] if r.status_code in (200, 201) else None
+
+        access = standalone.wait_for(token, 300, "a login as admin", interval=2, server=u.server)
+        u.client = httpx.Client(base_url=u.server.url, timeout=60,
+                                headers={"Authorization": f"Bearer {access}"})
+        standalone.wait_healthy(u.server, u.client, timeout=300)
+        standalone.wait_for_dag(u.server, u.client, "ysb", timeout=180)
+        yield u
+    finally:
+        standalone.stop(u.server)
+        # What the user's shell would do with Ctrl-C; make's own children are gone by now.
+        with_pgid = [u.server.proc.pid]
+        for pid in with_pgid:
+            try:
+                os.killpg(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+# -- the oracle ---------------------------------------------------------------------------------
+
+
+def landed(user: User) -> list[Path]:
+    return sorted((user.root / "var" / "landing" / "ysb").glob("*.json"))
+
+
+def table_counts(spark: Any, path: Path) -> Counter:
+    counts: Counter = Counter()
+    for r in spark.read.format("delta").load(str(path)).collect():
+        key = (r["campaign_id"], int(r["window_start"].timestamp() * 1000))
+        assert key not in counts, f"duplicate key {key} in {path}"
+        counts[key] = r["views"]
+    return counts
+
+
+def equals_oracle(spark: Any, user: User) -> dict[str, Any] | None:
+    """The aggregate table equals the raw files' window counts (None while it does not)."""
+    table = user.root / "var" / "tables" / "ysb" / "campaign_views"
+    if not (table / "_delta_log").exists():
+        return None
+    expected = window_counts(landed(user))
+    got = table_counts(spark, table)
+    return {"windows": len(got), "views": sum(got.values())} if got == expected else None
+
+
+MAX_RECORD_BYTES = 1024 * 1024  # the spec's default source.max_record_bytes
+
+
+def classified_lines(paths: list[Path]) -> Iterator[tuple[Path, int, dict[str, Any] | None]]:
+    """Every non-blank line of the raw files with the event it holds, or None if it is bad
+    (not UTF-8, above the record size limit, or not a valid event), from the bytes."""
+    for path in paths:
+        for n, raw in enumerate(path.read_bytes().split(b"\n"), start=1):
+            if not raw.strip():
+                continue
+            try:
+                text = raw.decode("utf-8")
+            except UnicodeDecodeError:
+                yield path, n, None
+                continue
+            yield path, n, None if len(raw) > MAX_RECORD_BYTES else parse_valid(text)
+
+
+def window_counts(paths: list[Path]) -> Counter:
+    """Oracle: views per (campaign_id, window start in epoch ms)."""
+    ads = load_ads()
+    counts: Counter = Counter()
+    for _, _, event in classified_lines(paths):
+        if event is not None and event["event_type"] == "view" and event["ad_id"] in ads:
+            t = int(event["event_time"])
+            counts[(ads[event["ad_id"]], t - t % WINDOW_MS)] += 1
+    return counts
+
+
+def bad_lines(paths: list[Path]) -> set[tuple[str, int]]:
+    return {(str(path), n) for path, n, event in classified_lines(paths) if event is None}
+
+
+def rejected(spark: Any, user: User) -> list[tuple[str, int, str]]:
+    table = user.root / "var" / "tables" / "ysb" / "_rejected"
+    if not (table / "_delta_log").exists():
+        return []
+    return [(r["file"], r["line"], r["reason"]) for r in spark.read.format("delta").load(str(table)).collect()]
+
+
+def wait_for_oracle(spark: Any, user: User, what: str, timeout: float = 900) -> dict[str, Any]:
+    return user.wait(lambda: equals_oracle(spark, user), timeout, f"the ysb table to equal the oracle ({what})",
+                     interval=5)
+
+
+# -- the README, step by step ---------------------------------------------------------------------
+
+
+def test_quickstart_unpause_generate_equals_oracle(spark, user):
+    """README quickstart: unpause ysb, `make generate`; the scheduler survives the first runs."""
+    standalone.set_paused(user.client, "ysb", False)
+    user.make("generate", "RATE=1000", "DURATION=16", "SEED=3")
+    wait_for_oracle(spark, user, "after make generate")
+    assert user.unhealthy_since is None and user.health_samples > 0
+    versions = user.client.get("/api/v2/dags/ysb/dagVersions").json()
+    assert versions["total_entries"] == 1, f"ysb got new DAG versions while nothing changed: {versions}"
+
+
+def test_clear_run_group_of_a_past_run_rolls_back_in_one_step(spark, user):
+    """README "Clearing a task rolls back": the REST body as printed, and nothing else."""
+    runs = [r for r in user.trigger_runs("ysb") if r["state"] == "success"
+            and standalone.task_states(user.client, "ysb", r["dag_run_id"]).get("checkpoint") == "success"]
+    assert runs, "no ysb run published a group"
+    run_id = runs[0]["dag_run_id"]
+    before = max(e["live_generation"] for e in user.epochs())
+    r = user.client.post("/api/v2/dags/ysb/clearTaskInstances", json={
+        "dry_run": False, "only_failed": False, "task_ids": ["run_group"], "dag_run_id": run_id,
+        "include_downstream": True})
+    r.raise_for_status()
+
+    def rerun_done() -> dict | None:
+        states = standalone.task_states(user.client, "ysb", run_id)
+        gens = {e["live_generation"] for e in user.epochs() if e["live"]}
+        return states if states.get("checkpoint") == "success" and max(gens) > before else None
+
+    user.wait(rerun_done, 600, f"the cleared run {run_id} to roll back and recompute")
+    history = user.epochs()
+    assert any(e["state"] == "rolled_back" for e in history), "the rolled-back epochs must stay visible"
+    assert all(e["files"] for e in history), "every epoch lists its files"
+    wait_for_oracle(spark, user, "after clear-to-rollback")
+
+
+def test_make_rollback_recomputes(spark, user):
+    before = max(e["live_generation"] for e in user.epochs())
+    user.make("rollback", "PIPELINE=ysb", "TO_EPOCH=1", "REASON=acceptance: a bad release")
+
+    def rolled_back() -> list | None:
+        runs = user.trigger_runs("sluice_rollback")
+        failed = [r for r in runs if r["state"] == "failed"]
+        assert not failed, f"sluice_rollback failed: {failed}"
+        return runs if runs and all(r["state"] == "success" for r in runs) else None
+
+    user.wait(rolled_back, 600, "sluice_rollback to succeed")
+    live = [e for e in user.epochs() if e["live"]]
+    assert max(e["live_generation"] for e in live) > before
+    assert [e for e in user.epochs() if e["epoch_id"] >= 1 and e["state"] == "rolled_back"]
+    wait_for_oracle(spark, user, "after make rollback")
+
+
+def test_readme_backfill_command_processes_the_range(spark, user):
+    """The README's backfill line, run by bash as printed: ysb_clean has never run, so the
+    backfill plans the landed data for the first time; its table must equal the raw views."""
+    readme = (user.root / "README.md").read_text()
+    lines = [line.strip().strip("`") for line in readme.splitlines() if line.strip().startswith("make backfill")]
+    assert lines, "the README prints no `make backfill` line"
+    user.bash(lines[0])
+    table = user.root / "var" / "tables" / "ysb_clean" / "view_events"
+
+    def views_equal() -> dict | None:
+        if not (table / "_delta_log").exists():
+            return None
+        expected = Counter((e["user_id"], e["ad_id"], int(e["event_time"]))
+                           for _, _, e in classified_lines(landed(user)) if e and e["event_type"] == "view")
+        got = Counter((r["user_id"], r["ad_id"], int(r["event_time"].timestamp() * 1000))
+                      for r in spark.read.format("delta").load(str(table)).collect())
+        return {"rows": sum(got.values())} if got == expected else None
+
+    user.wait(views_equal, 900, "the backfilled ysb_clean table to equal the raw view events", interval=5)
+    runs = [r for r in user.trigger_runs("ysb_clean") if r["run_type"] == "backfill"]
+    assert runs and all(r["state"] in ("success", "skipped") or r["state"] is None or r["state"] == "running"
+                        for r in runs), runs
+
+
+def test_bad_input_is_rejected_and_a_vanished_file_is_skipped_on_purpose(spark, user):
+    folder = user.root / "var" / "landing" / "ysb"
+    good = landed(user)[0].read_text().splitlines()
+    staging = user.root / "var" / "staging"
+    staging.mkdir()
+    (staging / "bad-empty.json").write_bytes(b"")
+    (staging / "bad-latin1.json").write_bytes(("\n".join(good[:5]) + "\n").encode()
+                                              + '{"ad_id": "caf\u00e9"}\n'.encode("latin-1")
+                                              + ("\n".join(good[5:10]) + "\n").encode())
+    (staging / "bad-arrays.json").write_text("\n".join(f"[{line}]" for line in good[:5]) + "\n" + good[5] + "\n")
+    (staging / "bad-huge.json").write_text(good[0] + "\n" + '{"ad_id": "' + "x" * (50 * 1024 * 1024) + '"}\n'
+                                           + good[1] + "\n")
+    for path in sorted(staging.iterdir()):
+        os.replace(path, folder / path.name)
+    wait_for_oracle(spark, user, "with bad files")
+    got = {(f, line) for f, line, _ in rejected(spark, user)}
+    assert bad_lines(landed(user)) <= got, "every bad line of the raw files is in _rejected"
+    reasons = {f.rsplit("/", 1)[-1]: reason for f, _, reason in rejected(spark, user)}
+    assert "max_record_bytes" in reasons["bad-huge.json"] and "UTF-8" in reasons["bad-latin1.json"]
+
+    # A file that vanishes after it was planned: its epoch fails, names the file, and the
+    # pipeline halts at max_attempts; `make skip-file` lets it go on without the file.
+    victim = folder / "vanishing.json"
+    victim.write_text("\n".join(good[:20]) + "\n")
+
+    def planned() -> bool:
+        return any(f["path"] == str(victim) for e in user.epochs() for f in e["files"])
+
+    user.wait(planned, 300, "the vanishing file to be planned", interval=0.3)
+    victim.unlink()
+
+    def halted() -> dict | None:
+        control = user.client.get("/sluice/pipelines/ysb/control").json()
+        return control if control["halted"] else None
+
+    control = user.wait(halted, 900, "the pipeline to halt on the vanished file")
+    assert str(victim) in control["halted"] and "3 times" in control["halted"], control["halted"]
+    assert control["next"]["fire"] is None, "a halted pipeline's sensor does not fire"
+    failed = [e for e in user.epochs() if e["state"] == "failed"]
+    assert failed and failed[0]["attempts"] == 3 and "no longer in the landing folder" in failed[0]["error"]
+    out = user.make("skip-file", "PIPELINE=ysb", f"FILE={victim}", "REASON=acceptance: upload lost")
+    assert json.loads(out.strip().splitlines()[-1])["skipped"]["reason"] == "acceptance: upload lost"
+
+    def published_without_it() -> bool:
+        holders = [e for e in user.epochs() if e["live"] and any(f["path"] == str(victim) for f in e["files"])]
+        return bool(holders) and holders[0]["state"] == "published"
+
+    user.wait(published_without_it, 600, "the epoch of the skipped file to be published")
+    wait_for_oracle(spark, user, "after skipping the vanished file")
+    skipped = [f["skipped"] for e in user.epochs() for f in e["files"] if f["path"] == str(victim)]
+    assert skipped and skipped[0]["reason"] == "acceptance: upload lost" and skipped[0]["by"], skipped
