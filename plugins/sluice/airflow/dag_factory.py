@@ -30,7 +30,6 @@ from sluice.airflow.operators import (
     release_lease_on_failure,
     sink_asset,
 )
-from sluice.airflow.priority import OldestBacklogFirst
 from sluice.airflow.sensors import BacklogSensor
 from sluice.paths import jars_dir, project_root
 from sluice.spark import DELTA_JAR_NAMES, RUN_ONCE_JAVA_OPTIONS, remote_url, spark_conf
@@ -62,8 +61,7 @@ def build_dag(spec: PipelineSpec) -> DAG:
         tags=["sluice", *spec.tags],
         doc_md=f"sluice pipeline **{spec.name}** (spec `{spec.path}`). {spec.description}",
         default_args={"retries": 1, "retry_delay": timedelta(seconds=10),
-                      "on_failure_callback": release_lease_on_failure,
-                      "weight_rule": OldestBacklogFirst()},  # the oldest backlog gets the slot first
+                      "on_failure_callback": release_lease_on_failure},
     )
     with dag:
         # @continuous: wait as long as the spec allows (a timed-out wait skips the run, and
