@@ -1,9 +1,9 @@
-"""``sluice_rollback`` and ``sluice_recover``: operator actions on any pipeline, triggered with
+"""``sluice_rollback``, ``sluice_recover`` and ``sluice_skip_file``: operator actions on any pipeline, triggered with
 params from the Airflow UI (see ``sluice.airflow.dag_factory``)."""
 
 from __future__ import annotations
 
-from sluice.airflow.dag_factory import build_recover_dag, build_rollback_dag
+from sluice.airflow.dag_factory import build_recover_dag, build_rollback_dag, build_skip_file_dag
 from sluice.errors import SpecError
 from sluice.paths import pipelines_dir
 from sluice.spec import load_spec
@@ -17,3 +17,4 @@ for _path in sorted(pipelines_dir().glob("*.yaml")):
 
 dag_sluice_rollback = build_rollback_dag(_specs)
 dag_sluice_recover = build_recover_dag(_specs)
+dag_sluice_skip_file = build_skip_file_dag(_specs)

@@ -78,3 +78,29 @@ def test_waits_for_an_efficient_group_or_the_freshness_sla():
     ready = check_backlog(spec.name, None, epoch_log=log)
     assert ready["plan"]["reason"].startswith("efficient group") and ready["backlog"]["files"] == 4, ready
     log.close()
+
+
+def test_retries_unfinished_epochs_without_new_data_but_not_when_halted_or_held():
+    spec = make_pipeline("trigger_retry", **{"control.epoch_files": 1, "control.group_epochs": 1,
+                                             "control.max_attempts": 2})
+    log = EpochLog()
+    land(spec, files=1)
+    lease = log.acquire_lease(spec.name, "run-1")
+    log.register_files(spec.name, [(str(p), p.stat().st_size, p.stat().st_mtime) for p in landed(spec)])
+    epoch = log.plan_group(lease, epoch_size=1, k=1).epochs[0]
+    assert check_backlog(spec.name, None, epoch_log=log) is None, "a run holds the lease: it is on it"
+    log.start_attempt(lease, epoch)
+    log.mark_failed(lease, epoch, "boom")
+    log.release_lease(lease)
+    ready = check_backlog(spec.name, None, epoch_log=log)
+    assert ready is not None and "retry the unfinished epochs [0]" in ready["plan"]["reason"], ready
+    assert ready["backlog"]["files"] == 0
+    lease = log.acquire_lease(spec.name, "run-2")
+    log.start_attempt(lease, epoch)
+    log.mark_failed(lease, epoch, "boom again")
+    log.release_lease(lease)
+    assert "failed 2 times" in log.halt_reason(spec.name, 2)
+    assert check_backlog(spec.name, None, epoch_log=log) is None, "a halted pipeline's sensor does not fire"
+    land(spec, files=2, seed=2)
+    assert check_backlog(spec.name, None, epoch_log=log) is None, "not even on new data"
+    log.close()

@@ -26,6 +26,7 @@ from sluice.airflow.operators import (
     PlanGroupOperator,
     RollbackOperator,
     RunGroupOperator,
+    SkipFileOperator,
     ValidateOperator,
     release_lease_on_failure,
     sink_asset,
@@ -105,19 +106,19 @@ def build_dag(spec: PipelineSpec) -> DAG:
 
 
 def _operations_dag(dag_id: str, description: str, doc_md: str, specs: dict[str, PipelineSpec],
-                    **params: Param) -> DAG:
-    """A manually triggered DAG acting on one pipeline chosen in the trigger form."""
+                    takes_lease: bool = True, **params: Param) -> DAG:
+    """A manually triggered DAG acting on one pipeline chosen in the trigger form. Unpaused from
+    the start: it runs only when an operator triggers it, and a paused one would leave that run
+    queued without a word."""
     names = sorted(specs) or ["none"]
+    take_over = {"take_over": Param(False, type="boolean", title="Take over the lease",
+                                    description="Take the lease from the pipeline's own DAG runs; only when "
+                                                "none runs.")} if takes_lease else {}
     return DAG(
         dag_id=dag_id, description=description, doc_md=doc_md,
         schedule=None, start_date=pendulum.datetime(2026, 1, 1, tz="UTC"), catchup=False,
-        max_active_runs=1, tags=["sluice", "operations"],
-        params={
-            "pipeline": Param(names[0], type="string", enum=names, title="Pipeline"),
-            **params,
-            "take_over": Param(False, type="boolean", title="Take over the lease",
-                               description="Take the lease from the pipeline's own DAG runs; only when none runs."),
-        },
+        max_active_runs=1, tags=["sluice", "operations"], is_paused_upon_creation=False,
+        params={"pipeline": Param(names[0], type="string", enum=names, title="Pipeline"), **params, **take_over},
         default_args={"retries": 0, "on_failure_callback": release_lease_on_failure},
     )
 
@@ -147,6 +148,20 @@ def build_recover_dag(specs: dict[str, PipelineSpec]) -> DAG:
                          RECOVER_DOC, specs) as dag:
         plan = PlanGroupOperator(task_id="plan_group", pipeline="{{ params.pipeline }}", recover=True)
         _group_steps(plan, None, plan_task_id="plan_group")
+    return dag
+
+
+def build_skip_file_dag(specs: dict[str, PipelineSpec]) -> DAG:
+    """``sluice_skip_file``: leave a file that is gone or unreadable out of its epoch, recorded."""
+    with _operations_dag(
+        "sluice_skip_file", "Skip a file a sluice pipeline cannot read (gone, unreadable), on purpose and recorded",
+        SKIP_FILE_DOC, specs, takes_lease=False,
+        file=Param("", type="string", minLength=1, title="File",
+                   description="Its path, as in the error (absolute) or relative to the landing folder."),
+        reason=Param("", type="string", minLength=3, title="Reason",
+                     description="Recorded with who (this run) and when; shown with the epoch's files."),
+    ) as dag:
+        SkipFileOperator(task_id="skip_file", pipeline="{{ params.pipeline }}")
     return dag
 
 
@@ -181,4 +196,11 @@ ROLLBACK_DOC = """Roll a pipeline back to `to_epoch` (Structured Streaming §7.2
 RECOVER_DOC = """Rerun a pipeline's failed or half-done epochs with their recorded ranges, even when
 the pipeline is halted (an epoch failed validation or failed `control.max_attempts` times).
 Fix the cause first (the transform, the spec's checks, the data); the run plans nothing new.
+"""
+
+SKIP_FILE_DOC = """Skip a file that is gone, unreadable or changed after it was planned, so the pipeline can go on
+without it. The skip is recorded in the epoch store (who, when, why) and shown with the epoch's
+files in `GET /sluice/pipelines/<name>/epochs`. Epochs holding the file read around it from then
+on, reruns and rollback recomputes included; failed ones get fresh attempts, so a pipeline halted
+on the file runs again by itself. Command line: `make skip-file PIPELINE= FILE= REASON=`.
 """

@@ -216,6 +216,35 @@ class RollbackOperator(BaseOperator):
         return dict(report, store_url=url)
 
 
+class SkipFileOperator(BaseOperator):
+    """Skip a file that is gone or unreadable (``sluice_skip_file``), recorded with who (this
+    DAG run), when and why; its epoch reads around it from then on. No Spark."""
+
+    template_fields: Sequence[str] = ("pipeline",)
+    ui_color = "#f4ecd9"
+
+    def __init__(self, *, pipeline: str, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.pipeline = pipeline
+
+    def execute(self, context: Any) -> dict[str, Any]:
+        from sluice import operations
+
+        params = context["params"]
+        spec = get_spec(self.pipeline)
+        log = EpochLog(store_url())
+        try:
+            report = operations.skip_file(spec, log, params["file"], reason=params["reason"],
+                                          by=lease_owner(context["dag"].dag_id, context["run_id"]))
+        except SluiceError as exc:  # not in the manifest, no reason: nothing was changed
+            raise AirflowFailException(str(exc)) from None
+        finally:
+            log.close()
+        self.log.info("Skipped %s (offset %s) of %s: %s; epochs %s read without it", report["file"],
+                      report["position"], spec.name, params["reason"], report["epochs"])
+        return report
+
+
 class ValidateOperator(_PlannedGroupOperator):
     """The gate before publishing: shows each epoch's expectation results and fails (no
     retry) when one failed under the ``fail`` policy, which halts the pipeline."""

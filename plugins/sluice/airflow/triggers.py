@@ -9,7 +9,7 @@ from typing import Any
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
-from sluice import adaptive
+from sluice import adaptive, protocol
 from sluice.store import EpochLog
 
 
@@ -28,19 +28,25 @@ def check_backlog(pipeline: str, store_url: str | None, min_files: int = 1, epoc
     spec = get_spec(pipeline)
     log = epoch_log or EpochLog(store_url)
     try:
+        if log.halt_reason(spec.name, spec.control.max_attempts):
+            return None  # a halted pipeline waits for an operator (recover, skip a file, roll back)
         source = FileSource(spec, log)
         listing = source.list_folder()
         backlog = source.backlog(listing)
-        if backlog.files < min_files or log.halt_reason(spec.name, spec.control.max_attempts):
-            return None  # a halted pipeline waits for an operator (sluice_recover, sluice_rollback)
         verdict = adaptive.decide(spec, log, backlog.files, backlog.oldest_age_s, [f[2] for f in listing],
                                   continuous=continuous)
+        if backlog.files >= min_files and verdict.fire is not None:
+            return {"backlog": backlog.as_dict(), "plan": verdict.plan()}
+        # Epochs a failed run left behind (below max_attempts) are retried without new data;
+        # not while a run holds the lease (it is working on them).
+        leftovers = [e.epoch_id for e in log.epochs(spec.name) if e.state in protocol.UNPUBLISHED]
+        if leftovers and log.lease_holder(spec.name) is None:
+            plan = dict(verdict.plan(), reason=f"retry the unfinished epochs {leftovers}")
+            return {"backlog": backlog.as_dict(), "plan": plan}
+        return None
     finally:
         if epoch_log is None:
             log.close()
-    if verdict.fire is None:
-        return None
-    return {"backlog": backlog.as_dict(), "plan": verdict.plan()}
 
 
 class BacklogTrigger(BaseTrigger):
