@@ -10,13 +10,21 @@ from pathlib import Path
 
 import pytest
 
-from include.generators.ysb import parse_valid
+from include.generators.ysb import expected_window_counts, parse_valid
 from sluice import operations, protocol, service
 from sluice.errors import PipelineHaltedError, SluiceError
 from sluice.faults import InjectedFault
 from sluice.store import EpochLog
 from sluice.validation import ValidationFailedError
-from tests.pipelines import assert_matches_oracle, land, landed, make_pipeline, table_counts
+from tests.pipelines import (
+    assert_matches_oracle,
+    invalid_lines,
+    land,
+    landed,
+    make_pipeline,
+    rejected_lines,
+    table_counts,
+)
 
 BUGGY = "tests.integration.buggy_transforms.campaign_views_null_campaign"
 
@@ -205,3 +213,37 @@ def test_poison_record_named_then_rejected_after_the_fix(spark, epoch_log):
     rejected = spark.read.format("delta").load(spec.rejected_table).collect()
     assert (str(target), n) in {(r["file"], r["line"]) for r in rejected}
     assert protocol.PUBLISHED == epoch_log.epochs(spec.name)[1].state
+
+
+def test_vanished_file_halts_at_max_attempts_then_a_recorded_skip_lets_the_pipeline_go_on(spark, epoch_log):
+    """A file gone after planning: each attempt names it; the third halts the pipeline and no
+    fourth starts; `skip_file` (who, when, why) gives fresh attempts and the epoch is published
+    without it, equal to the oracle of the files that remain."""
+    spec = make_pipeline("skip_vanished", **{"control.epoch_files": 2, "control.group_epochs": 2,
+                                             "control.max_attempts": 3})
+    files = land(spec, files=4, malformed_fraction=0.05)
+    planned = service.plan(spec, epoch_log, "run")
+    victim = files[3]
+    victim.unlink()
+    for _ in range(3):
+        with pytest.raises(SluiceError, match="no longer in the landing folder") as info:
+            service.run(spec, epoch_log, "run", planned["group_id"], spark)
+        assert str(victim) in str(info.value) and "sluice_skip_file" in str(info.value)
+    assert epoch_log.epochs(spec.name)[1].attempts == 3
+    with pytest.raises(PipelineHaltedError, match="failed 3 times"):
+        service.run(spec, epoch_log, "run", planned["group_id"], spark)
+    assert epoch_log.epochs(spec.name)[1].attempts == 3, "no attempt past max_attempts"
+    service.release(spec, epoch_log, "run")
+    assert str(victim) in epoch_log.halt_reason(spec.name, 3)
+    with pytest.raises(PipelineHaltedError):
+        service.plan(spec, epoch_log, "next")
+    report = operations.skip_file(spec, epoch_log, victim.name, by="ops:test", reason="upload lost")
+    assert report["file"] == str(victim) and report["epochs"] == [1]
+    assert epoch_log.halt_reason(spec.name, 3) is None
+    service.run_once(spec, epoch_log, spark, drain=True)
+    assert {e.state for e in epoch_log.epochs(spec.name)} == {protocol.PUBLISHED}
+    remaining = landed(spec)
+    assert table_counts(spark, spec) == expected_window_counts(remaining)
+    assert sorted(rejected_lines(spark, spec)) == sorted(invalid_lines(remaining))
+    skipped = [f for f in epoch_log.manifest(spec.name) if f.skipped]
+    assert [(f.path, f.skipped.by, f.skipped.reason) for f in skipped] == [(str(victim), "ops:test", "upload lost")]

@@ -242,3 +242,18 @@ def test_sink_app_id_format():
 def test_sink_app_id_changes_with_generation():
     ids = {sink_app_id("ysb", "views", g) for g in range(5)}
     assert len(ids) == 5
+
+
+def test_a_dead_driver_is_told_apart_from_a_failing_transform():
+    from sluice.runner import driver_died
+
+    class Py4JNetworkError(Exception):
+        pass
+
+    assert driver_died(ConnectionRefusedError(111, "Connection refused"))
+    assert driver_died(Py4JNetworkError("An error occurred while trying to connect to the Java server"))
+    wrapped = RuntimeError("job failed")
+    wrapped.__cause__ = ConnectionResetError()
+    assert driver_died(wrapped)
+    assert driver_died(RuntimeError("java.lang.OutOfMemoryError: Java heap space"))
+    assert not driver_died(ValueError("cannot resolve column campaign_id"))

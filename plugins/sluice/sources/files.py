@@ -131,6 +131,8 @@ class FileSource:
         paths = [e.path for e in self.check_retained(start, end)]
         schema = ", ".join(f"`{k}` {v}" for k, v in self.spec.source.schema_.items())
         fmt = self.spec.source.format
+        if not paths:  # every file of the range was skipped on purpose
+            return spark.createDataFrame([], f"{schema}, _file string, _line long, _corrupt_record string")
         if fmt == "parquet":
             df = spark.read.schema(schema).parquet(*paths)
             return df.select(
