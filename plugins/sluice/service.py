@@ -34,7 +34,8 @@ def cli_owner() -> str:
 def plan(spec: PipelineSpec, epoch_log: EpochLog, owner: str, *, epoch_size: int | None = None,
          k: int | None = None, reason: str = "backlog", take_over_prefix: str | None = None,
          recover: bool = False, interval: tuple[float, float] | None = None,
-         resume_own: bool = False, extra: dict[str, Any] | None = None) -> dict[str, Any] | None:
+         resume_own: bool = False, extra: dict[str, Any] | None = None,
+         alive: Callable[[str], bool] | None = None) -> dict[str, Any] | None:
     """Take the lease, discover new files, and plan the next group (or re-plan a dead run's).
 
     Returns the group as a JSON-able record, or ``None`` (lease released) when there is
@@ -43,9 +44,11 @@ def plan(spec: PipelineSpec, epoch_log: EpochLog, owner: str, *, epoch_size: int
     ``recover`` reruns failed or unfinished epochs only, even on a halted pipeline;
     ``interval`` (a backfill run's data interval, epoch seconds) recomputes the epochs whose
     data arrived in it: the first run of a backfill records a rollback that ``run`` performs.
+    ``alive(owner)`` tells whether the run holding the lease under ``take_over_prefix`` is still
+    going (then the pipeline is busy).
     """
     lease = epoch_log.acquire_lease(spec.name, owner, ttl_s=spec.control.lease_ttl_s,
-                                    take_over_prefix=take_over_prefix)
+                                    take_over_prefix=take_over_prefix, alive=alive)
     try:
         earlier = epoch_log.group_of_owner(spec.name, owner) if resume_own else None
         if earlier is not None:

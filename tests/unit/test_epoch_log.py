@@ -256,6 +256,18 @@ def test_take_over_prefix_takes_a_live_lease_of_the_same_prefix(log):
         log.renew_lease(old)
 
 
+def test_take_over_prefix_leaves_a_run_that_is_still_going_alone(log):
+    """A backfill run beside a scheduled run of the same DAG: the prefix matches, but the holder's
+    DAG run is alive, so the pipeline is busy; once that run has ended the lease is taken."""
+    log.acquire_lease(P, "airflow:d:scheduled__1")
+    running = {"airflow:d:scheduled__1"}
+    with pytest.raises(PipelineBusyError, match="scheduled__1"):
+        log.acquire_lease(P, "airflow:d:backfill__1", take_over_prefix="airflow:d:", alive=running.__contains__)
+    running.clear()
+    log.acquire_lease(P, "airflow:d:backfill__1", take_over_prefix="airflow:d:", alive=running.__contains__)
+    assert log.lease_holder(P) == "airflow:d:backfill__1"
+
+
 def test_stale_lease_is_fenced(log):
     log.register_files(P, files(8))
     stale = log.acquire_lease(P, "run-1")

@@ -9,6 +9,7 @@ the task. Each step talks to the epoch store only, never to Airflow's metadata d
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -16,10 +17,13 @@ from airflow.sdk import Asset, BaseOperator
 from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
 from sluice import service
-from sluice.errors import PipelineHaltedError, SluiceError
+from sluice.errors import PipelineBusyError, PipelineHaltedError, SluiceError
 from sluice.spec import PipelineSpec, SinkSpec, get_spec
 from sluice.store import EpochLog, store_url
 from sluice.validation import ValidationFailedError
+
+#: How long plan_group waits between tries while another run of the pipeline holds its lease.
+BUSY_WAIT_S = 15
 
 #: What the sensor's plan adds to the group's record (for the controllers and the epoch log).
 PLAN_KEYS = ("partitions", "fired_at", "rate_rps", "file_rate", "predicted_wall_s")
@@ -28,6 +32,23 @@ PLAN_KEYS = ("partitions", "fired_at", "rate_rps", "file_rate", "predicted_wall_
 def lease_owner(dag_id: str, run_id: str) -> str:
     """Lease owner of one DAG run. Runs of one DAG share the prefix ``airflow:<dag_id>:``."""
     return f"airflow:{dag_id}:{run_id}"
+
+
+def dag_run_alive(owner: str) -> bool:
+    """Whether the DAG run behind a lease owner ``airflow:<dag_id>:<run_id>`` is still queued or
+    running, asked through the Task SDK (a task never reads Airflow's database itself). When
+    Airflow cannot say, the run counts as alive: the lease then only goes once it expires."""
+    kind, _, rest = owner.partition(":")
+    dag_id, _, run_id = rest.partition(":")
+    if kind != "airflow" or not run_id:
+        return False
+    try:
+        from airflow.sdk.execution_time.task_runner import RuntimeTaskInstance
+
+        state = RuntimeTaskInstance.get_dagrun_state(dag_id=dag_id, run_id=run_id)
+    except Exception:
+        return True
+    return str(getattr(state, "value", state)) in ("queued", "running")
 
 
 def sink_asset(pipeline: str, sink: SinkSpec) -> Asset:
@@ -96,13 +117,27 @@ class PlanGroupOperator(BaseOperator):
             interval = (start.timestamp(), end.timestamp())
             self.log.info("Backfill run: recomputing the epochs whose data arrived in [%s, %s)", start, end)
         take_over = f"airflow:{spec.name}:" if self.recover and params.get("take_over") else f"airflow:{dag_id}:"
+        # An operator's take_over means "none of the pipeline's runs is going": no liveness check.
+        alive = None if self.recover and params.get("take_over") else dag_run_alive
+        extra = {key: sensed[key] for key in PLAN_KEYS if sensed.get(key) is not None}
+        waited = 0.0
         try:
-            extra = {key: sensed[key] for key in PLAN_KEYS if sensed.get(key) is not None}
-            group = service.plan(spec, log, lease_owner(dag_id, run_id),
-                                 epoch_size=params.get("epoch_size") or sensed.get("epoch_size"),
-                                 k=params.get("k") or sensed.get("k"), reason=sensed.get("reason", "manual"),
-                                 take_over_prefix=take_over, recover=self.recover, interval=interval,
-                                 resume_own=True, extra=extra)
+            while True:
+                try:
+                    group = service.plan(spec, log, lease_owner(dag_id, run_id),
+                                         epoch_size=params.get("epoch_size") or sensed.get("epoch_size"),
+                                         k=params.get("k") or sensed.get("k"), reason=sensed.get("reason", "manual"),
+                                         take_over_prefix=take_over, recover=self.recover, interval=interval,
+                                         resume_own=True, extra=extra, alive=alive)
+                    break
+                except PipelineBusyError as exc:
+                    # Another run (a backfill beside a scheduled run) has the pipeline: wait for
+                    # it, up to the lease's lifetime, rather than fail this run.
+                    if waited >= spec.control.lease_ttl_s:
+                        raise AirflowFailException(f"{exc} (waited {waited:.0f} s)") from None
+                    self.log.info("%s; waiting %d s", exc, BUSY_WAIT_S)
+                    time.sleep(BUSY_WAIT_S)
+                    waited += BUSY_WAIT_S
         except PipelineHaltedError as exc:
             raise AirflowFailException(str(exc)) from None
         finally:
@@ -150,6 +185,8 @@ class RunGroupOperator(_PlannedGroupOperator):
         spark = get_session(f"sluice-{spec.name}", extra_conf=spec.spark.conf)
         try:
             result = service.run(spec, log, owner, planned["group_id"], spark)
+        except PipelineHaltedError as exc:  # attempts used up: a retry would only say so again
+            raise AirflowFailException(str(exc)) from None
         finally:
             if not reused:
                 spark.stop()

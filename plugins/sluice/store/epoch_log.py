@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -274,22 +274,24 @@ class EpochLog:
             return self._pipeline(s, pipeline).generation
 
     def acquire_lease(self, pipeline: str, owner: str, *, ttl_s: float = DEFAULT_LEASE_TTL_S,
-                      take_over_prefix: str | None = None) -> Lease:
+                      take_over_prefix: str | None = None, alive: Callable[[str], bool] | None = None) -> Lease:
         """Take the pipeline's lease, or fail fast with ``PipelineBusyError``.
 
         The same owner re-acquires its own lease (a retried task). A lease held by another
         owner is taken only once it has expired, when it belongs to a command-line run on this
-        host whose process is gone, or when its owner starts with
-        ``take_over_prefix``: Airflow runs one DAG run of a pipeline at a time
-        (``max_active_runs=1``), so another run of the same DAG holding the lease has ended.
-        Every acquisition bumps the fencing token.
+        host whose process is gone, or when its owner starts with ``take_over_prefix`` (another
+        run of the same DAG) and ``alive(owner)`` says that run has ended. Without ``alive`` the
+        prefix alone decides, which is right only where one run of the DAG can be active at a
+        time: Airflow applies ``max_active_runs`` to backfill runs separately, so a backfill run
+        and a scheduled run of one DAG can overlap. Every acquisition bumps the fencing token.
         """
         now = utcnow()
         with self._tx() as s:
             row = self._pipeline(s, pipeline, lock=True)
             held = row.lease_owner is not None and row.lease_owner != owner
             live = row.lease_expires_at is not None and row.lease_expires_at > now
-            stale_same_dag = take_over_prefix is not None and (row.lease_owner or "").startswith(take_over_prefix)
+            stale_same_dag = (take_over_prefix is not None and (row.lease_owner or "").startswith(take_over_prefix)
+                              and not (alive is not None and row.lease_owner and alive(row.lease_owner)))
             if held and live and not stale_same_dag and not _dead_local_process(row.lease_owner):
                 raise PipelineBusyError(
                     f"pipeline {pipeline!r} is busy: its lease is held by {row.lease_owner!r} "
