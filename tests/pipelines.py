@@ -11,7 +11,7 @@ from typing import Any
 
 import yaml
 
-from include.generators.ysb import expected_window_counts, generate, parse_valid
+from include.generators.ysb import expected_window_counts, generate, raw_events
 from sluice.paths import project_root
 from sluice.spec import PipelineSpec, load_spec
 
@@ -61,12 +61,7 @@ def table_counts(spark, spec: PipelineSpec) -> Counter:
 
 def invalid_lines(paths: list[Path]) -> set[tuple[str, int]]:
     """(file, line) of every non-blank line the oracle rejects, computed from the raw files."""
-    bad = set()
-    for path in paths:
-        for n, line in enumerate(path.read_text().split("\n"), start=1):
-            if line.strip() and parse_valid(line) is None:
-                bad.add((str(path), n))
-    return bad
+    return {(path, n) for path, n, event in raw_events(paths) if event is None}
 
 
 def rejected_lines(spark, spec: PipelineSpec) -> list[tuple[str, int]]:

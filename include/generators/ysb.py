@@ -20,7 +20,7 @@ import sys
 import time
 import uuid
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -115,20 +115,35 @@ def parse_valid(line: str) -> dict | None:
     return event
 
 
+#: The oracle's record size limit: the spec default of ``source.max_record_bytes``.
+MAX_RECORD_BYTES = 1024 * 1024
+
+
+def raw_events(paths: Iterable[str | Path]) -> Iterator[tuple[str, int, dict | None]]:
+    """``(file, line, event)`` for every non-blank line of the raw files, read as bytes;
+    ``event`` is None for a bad line: not UTF-8, above ``MAX_RECORD_BYTES``, or not valid by
+    ``parse_valid``."""
+    for path in paths:
+        for n, raw in enumerate(Path(path).read_bytes().split(b"\n"), start=1):
+            if not raw.strip():
+                continue
+            try:
+                text = raw.decode("utf-8")
+            except UnicodeDecodeError:
+                yield str(path), n, None
+                continue
+            yield str(path), n, None if len(raw) > MAX_RECORD_BYTES else parse_valid(text)
+
+
 def expected_window_counts(paths: Iterable[str | Path], ads: dict[str, str] | None = None) -> Counter:
     """Oracle: views per (campaign_id, window start in epoch ms), from the raw files."""
     ads = load_ads() if ads is None else ads
     counts: Counter = Counter()
-    for path in paths:
-        with open(path) as fh:
-            for line in fh:
-                if not line.strip():
-                    continue
-                event = parse_valid(line)
-                if event is None or event["event_type"] != "view" or event["ad_id"] not in ads:
-                    continue
-                t = int(event["event_time"])
-                counts[(ads[event["ad_id"]], t - t % WINDOW_MS)] += 1
+    for _, _, event in raw_events(paths):
+        if event is None or event["event_type"] != "view" or event["ad_id"] not in ads:
+            continue
+        t = int(event["event_time"])
+        counts[(ads[event["ad_id"]], t - t % WINDOW_MS)] += 1
     return counts
 
 

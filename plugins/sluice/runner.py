@@ -70,7 +70,8 @@ def tag_rejected(records: DataFrame, spec: PipelineSpec) -> DataFrame:
     failing a check), NULL for a valid one."""
     from pyspark.sql import functions as F
 
-    rules = [(F.col("_corrupt_record").isNotNull(), F.lit("malformed record: not parseable as " + spec.source.format))]
+    rules = [(F.col("_defect").isNotNull(), F.concat(F.lit("malformed record: "), F.col("_defect"))),
+             (F.col("_corrupt_record").isNotNull(), F.lit("malformed record: not parseable as " + spec.source.format))]
     rules += [(F.col(f"`{f}`").isNull(), F.lit(f"missing required field {f!r}")) for f in spec.source.required]
     rules += [(~F.coalesce(F.expr(expr), F.lit(False)), F.lit(f"failed check {name!r}: {expr}"))
               for name, expr in spec.source.checks.items()]

@@ -35,6 +35,8 @@ class SourceSpec(_Strict):
     checks: dict[str, str] = Field(default_factory=dict,
                                    description="rule name -> SQL boolean expression a valid record satisfies")
     csv_header: bool = True
+    max_record_bytes: int = Field(1024 * 1024, ge=1, description="a longer record (line) goes to _rejected with "
+                                                                 "its size; only its first KiB is kept")
 
     @field_validator("schema_")
     @classmethod

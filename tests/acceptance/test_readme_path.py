@@ -29,9 +29,10 @@ from typing import Any
 import httpx
 import pytest
 
-from include.generators.ysb import WINDOW_MS, load_ads, parse_valid
+from include.generators.ysb import expected_window_counts, raw_events
 from sluice.paths import project_root
 from tests.airflow import standalone
+from tests.pipelines import invalid_lines
 
 #: Environment the test session adds (tests/conftest.py) and a user's shell would not have.
 TEST_ONLY = ("SLUICE_", "AIRFLOW", "PYSPARK_", "GX_", "PYTHONPATH", "SPARK_")
@@ -166,42 +167,9 @@ def equals_oracle(spark: Any, user: User) -> dict[str, Any] | None:
     table = user.root / "var" / "tables" / "ysb" / "campaign_views"
     if not (table / "_delta_log").exists():
         return None
-    expected = window_counts(landed(user))
+    expected = expected_window_counts(landed(user))
     got = table_counts(spark, table)
     return {"windows": len(got), "views": sum(got.values())} if got == expected else None
-
-
-MAX_RECORD_BYTES = 1024 * 1024  # the spec's default source.max_record_bytes
-
-
-def classified_lines(paths: list[Path]) -> Iterator[tuple[Path, int, dict[str, Any] | None]]:
-    """Every non-blank line of the raw files with the event it holds, or None if it is bad
-    (not UTF-8, above the record size limit, or not a valid event), from the bytes."""
-    for path in paths:
-        for n, raw in enumerate(path.read_bytes().split(b"\n"), start=1):
-            if not raw.strip():
-                continue
-            try:
-                text = raw.decode("utf-8")
-            except UnicodeDecodeError:
-                yield path, n, None
-                continue
-            yield path, n, None if len(raw) > MAX_RECORD_BYTES else parse_valid(text)
-
-
-def window_counts(paths: list[Path]) -> Counter:
-    """Oracle: views per (campaign_id, window start in epoch ms)."""
-    ads = load_ads()
-    counts: Counter = Counter()
-    for _, _, event in classified_lines(paths):
-        if event is not None and event["event_type"] == "view" and event["ad_id"] in ads:
-            t = int(event["event_time"])
-            counts[(ads[event["ad_id"]], t - t % WINDOW_MS)] += 1
-    return counts
-
-
-def bad_lines(paths: list[Path]) -> set[tuple[str, int]]:
-    return {(str(path), n) for path, n, event in classified_lines(paths) if event is None}
 
 
 def rejected(spark: Any, user: User) -> list[tuple[str, int, str]]:
@@ -283,7 +251,7 @@ def test_readme_backfill_command_processes_the_range(spark, user):
         if not (table / "_delta_log").exists():
             return None
         expected = Counter((e["user_id"], e["ad_id"], int(e["event_time"]))
-                           for _, _, e in classified_lines(landed(user)) if e and e["event_type"] == "view")
+                           for _, _, e in raw_events(landed(user)) if e and e["event_type"] == "view")
         got = Counter((r["user_id"], r["ad_id"], int(r["event_time"].timestamp() * 1000))
                       for r in spark.read.format("delta").load(str(table)).collect())
         return {"rows": sum(got.values())} if got == expected else None
@@ -310,7 +278,7 @@ def test_bad_input_is_rejected_and_a_vanished_file_is_skipped_on_purpose(spark, 
         os.replace(path, folder / path.name)
     wait_for_oracle(spark, user, "with bad files")
     got = {(f, line) for f, line, _ in rejected(spark, user)}
-    assert bad_lines(landed(user)) <= got, "every bad line of the raw files is in _rejected"
+    assert invalid_lines(landed(user)) <= got, "every bad line of the raw files is in _rejected"
     reasons = {f.rsplit("/", 1)[-1]: reason for f, _, reason in rejected(spark, user)}
     assert "max_record_bytes" in reasons["bad-huge.json"] and "UTF-8" in reasons["bad-latin1.json"]
 

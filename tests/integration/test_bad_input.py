@@ -54,3 +54,35 @@ def test_csv_source_reports_bad_rows_with_file_and_line(spark):
     rejected = {(r["line"], r["reason"].split(":")[0]) for r in spark.read.format("delta").load(spec.rejected_table)
                 .collect()}
     assert rejected == {(3, "missing required field 'ad_id'"), (5, "failed check 'event_time_is_epoch_ms'")}
+
+
+def test_bad_files_go_to_rejected_line_by_line_and_nothing_halts(spark):
+    """Zero-byte, a Latin-1 line, JSON arrays, one 50 MB line (a file read line by line) and a
+    2 MiB line (a file read whole) among good files: every bad line is in _rejected with its
+    file, line and defect, the rest equals the oracle, and the pipeline is not halted."""
+    spec = make_pipeline("bad_files", **{"control.epoch_files": 3, "control.group_epochs": 4})
+    good = land(spec, files=3, malformed_fraction=0.02)
+    lines = good[0].read_text().splitlines()
+    folder = spec.landing_dir
+    (folder / "bad-empty.json").write_bytes(b"")
+    (folder / "bad-latin1.json").write_bytes("\n".join(lines[:3]).encode() + b'\n{"ad_id": "caf\xe9"}\n'
+                                             + "\n".join(lines[3:6]).encode() + b"\n")
+    (folder / "bad-arrays.json").write_text("\n".join(f"[{line}]" for line in lines[:4]) + "\n" + lines[4] + "\n")
+    huge = '{"ad_id": "' + "x" * (50 * 1024 * 1024) + '"}'
+    (folder / "bad-huge.json").write_text(lines[0] + "\n" + huge + "\n" + lines[1] + "\n")
+    (folder / "bad-big-line.json").write_text(lines[2] + "\n\n" + '{"ad_id": "' + "y" * (2 * 1024 * 1024) + '"}\n'
+                                              + lines[3] + "\n")
+    log = EpochLog()
+    service.run_once(spec, log, spark, drain=True)
+    assert_matches_oracle(spark, spec, log)
+    assert log.halt_reason(spec.name, spec.control.max_attempts) is None
+    rows = spark.read.format("delta").load(spec.rejected_table).collect()
+    by_file = {}
+    for r in rows:
+        by_file.setdefault(os.path.basename(r["file"]), []).append((r["line"], r["reason"], len(r["record"])))
+    assert by_file["bad-huge.json"] == [(2, f"malformed record: record of {len(huge)} bytes exceeds "
+                                            "source.max_record_bytes = 1048576", 1024)]
+    assert [(line, len_) for line, _, len_ in by_file["bad-big-line.json"]] == [(3, 1024)]
+    assert [line for line, reason, _ in by_file["bad-latin1.json"] if "not UTF-8" in reason] == [4]
+    assert sorted(line for line, reason, _ in by_file["bad-arrays.json"] if "JSON array" in reason) == [1, 2, 3, 4]
+    assert "bad-empty.json" not in by_file

@@ -121,54 +121,109 @@ class FileSource:
         return entries
 
     def read(self, spark: SparkSession, start: int, end: int) -> DataFrame:
-        """Read exactly the files of ``[start, end)``.
+        """Read exactly the files of ``[start, end)`` (less any an operator skipped).
 
         Columns: the spec's schema, ``_file``, ``_line`` (1-based line, or row index for
-        Parquet) and ``_corrupt_record`` (the raw text of a record that did not parse).
+        Parquet), ``_corrupt_record`` (the raw text of a record that did not parse) and
+        ``_defect`` (why a line is bad before any parsing: too large, not UTF-8, an array).
         """
+        from functools import reduce
+
         from pyspark.sql import functions as F
 
-        paths = [e.path for e in self.check_retained(start, end)]
+        entries = self.check_retained(start, end)
         schema = ", ".join(f"`{k}` {v}" for k, v in self.spec.source.schema_.items())
-        fmt = self.spec.source.format
-        if not paths:  # every file of the range was skipped on purpose
-            return spark.createDataFrame([], f"{schema}, _file string, _line long, _corrupt_record string")
-        if fmt == "parquet":
-            df = spark.read.schema(schema).parquet(*paths)
+        if not entries:  # every file of the range was skipped on purpose
+            return spark.createDataFrame(
+                [], f"{schema}, _file string, _line long, _corrupt_record string, _defect string")
+        if self.spec.source.format == "parquet":
+            df = spark.read.schema(schema).parquet(*[e.path for e in entries])
             return df.select(
                 *[F.col(f"`{c}`") for c in self.spec.source.schema_],
                 F.col("_metadata.file_path").alias("_file"),
                 (F.col("_metadata.row_index") + 1).alias("_line"),
                 F.lit(None).cast("string").alias("_corrupt_record"),
+                F.lit(None).cast("string").alias("_defect"),
             )
-        return self.parse(spark.read.text(paths, wholetext=True))
+        # Small files whole (one row per file, split here: cheap for many small files); large
+        # ones line by line, so one file never has to fit in a single string.
+        small = [e.path for e in entries if e.size <= WHOLE_FILE_MAX_BYTES]
+        large = [e.path for e in entries if e.size > WHOLE_FILE_MAX_BYTES]
+        parts = ([split_lines(spark.read.text(small, wholetext=True))] if small else []) + (
+            [number_lines(spark.read.text(large))] if large else [])
+        return self.parse_lines(reduce(lambda a, b: a.unionByName(b), parts))
 
     def parse(self, files: DataFrame) -> DataFrame:
         """Parse JSON-lines or CSV files read whole (``text`` with ``wholetext``: one row per
-        file), split into numbered lines so a bad record's file and line can be reported
-        exactly. Works on a batch or a streaming read alike."""
+        file). Works on a batch or a streaming read alike."""
+        return self.parse_lines(split_lines(files))
+
+    def parse_lines(self, lines: DataFrame) -> DataFrame:
+        """Parse numbered lines (``_file``, ``_line``, ``_text``), so a bad record's file and line
+        can be reported exactly. A line above ``source.max_record_bytes``, one that is not UTF-8
+        or (JSON) an array is not parsed at all: it is cut to its first KiB and tagged with its
+        ``_defect``."""
         from pyspark.sql import functions as F
 
-        schema = ", ".join(f"`{k}` {v}" for k, v in self.spec.source.schema_.items())
-        fmt = self.spec.source.format
-        lines = files.select(
-            F.col("_metadata.file_path").alias("_file"),
-            F.posexplode(F.split(F.col("value"), "\r?\n")).alias("_pos", "_text"),
-        ).select("_file", (F.col("_pos") + 1).alias("_line"), "_text")
+        source = self.spec.source
+        schema = ", ".join(f"`{k}` {v}" for k, v in source.schema_.items())
+        limit = source.max_record_bytes
+        size = F.octet_length("_text")
+        defect = F.when(size > limit, F.concat(F.lit("record of "), size.cast("string"),
+                                               F.lit(f" bytes exceeds source.max_record_bytes = {limit}")))
+        # Invalid bytes survive a line read as is, but become U+FFFD once a whole file is split.
+        defect = defect.when(~F.is_valid_utf8("_text") | F.col("_text").contains("\ufffd"),
+                             F.lit("not UTF-8 text (a byte sequence that is not valid UTF-8)"))
+        if source.format == "json":
+            defect = defect.when(F.ltrim("_text").startswith("["), F.lit("a JSON array, not an object"))
         lines = lines.where(F.trim("_text") != "")
-        if fmt == "csv" and self.spec.source.csv_header:
+        if source.format == "csv" and source.csv_header:
             lines = lines.where(F.col("_line") > 1)
+        lines = lines.select("_file", "_line", defect.alias("_defect"),
+                             F.when(size > limit, F.substring("_text", 1, RECORD_KEPT_CHARS))
+                             .otherwise(F.col("_text")).alias("_text"))
         options = {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": "_corrupt_record"}
-        parse = F.from_json if fmt == "json" else F.from_csv
+        parse = F.from_json if source.format == "json" else F.from_csv
         parsed = lines.select(
-            "_file", "_line", "_text",
-            parse(F.col("_text"), f"{schema}, _corrupt_record string", options).alias("_r"),
+            "_file", "_line", "_text", "_defect",
+            parse(F.when(F.col("_defect").isNull(), F.col("_text")), f"{schema}, _corrupt_record string",
+                  options).alias("_r"),
         )
         return parsed.select(
-            *[F.col(f"_r.`{c}`").alias(c) for c in self.spec.source.schema_],
+            *[F.col(f"_r.`{c}`").alias(c) for c in source.schema_],
             F.regexp_replace("_file", "^file:", "").alias("_file"),
             "_line",
             # from_json yields a NULL struct for text that is not a JSON object at all.
             F.when(F.col("_r").isNull(), F.col("_text"))
             .otherwise(F.col("_r._corrupt_record")).alias("_corrupt_record"),
+            "_defect",
         )
+
+
+#: Files up to this size are read whole and split into lines; larger ones line by line.
+WHOLE_FILE_MAX_BYTES = 8 * 1024 * 1024
+#: How much of a record above ``source.max_record_bytes`` is kept in ``_rejected``.
+RECORD_KEPT_CHARS = 1024
+
+
+def split_lines(files: DataFrame) -> DataFrame:
+    """``_file``, ``_line`` (1-based), ``_text`` from files read whole (one row per file)."""
+    from pyspark.sql import functions as F
+
+    return files.select(
+        F.col("_metadata.file_path").alias("_file"),
+        F.posexplode(F.split(F.col("value"), "\r?\n")).alias("_pos", "_text"),
+    ).select("_file", (F.col("_pos") + 1).alias("_line"), "_text")
+
+
+def number_lines(lines: DataFrame) -> DataFrame:
+    """``_file``, ``_line`` (1-based), ``_text`` from files read line by line: a file's lines
+    are numbered in the order of its splits (block start), then of the rows within a split."""
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
+
+    ordered = lines.select(F.col("_metadata.file_path").alias("_file"),
+                           F.col("_metadata.file_block_start").alias("_block"),
+                           F.monotonically_increasing_id().alias("_row"), F.col("value").alias("_text"))
+    by_file = Window.partitionBy("_file").orderBy("_block", "_row")
+    return ordered.select("_file", F.row_number().over(by_file).cast("long").alias("_line"), "_text")
