@@ -116,6 +116,23 @@ def test_drain_triggers_the_next_group_run_with_the_same_conf(spark):
     assert [(e.start, e.end) for e in epochs] == [(0, 1)], "one group of k=1 epoch of 1 file per DAG run"
 
 
+def test_sluice_skip_file_dag_records_who_when_why():
+    """No Spark: the skip is recorded with this DAG run as who, and unpaused from the start."""
+    spec = make_pipeline("dag_skip_file")
+    path = land(spec, files=1)[0]
+    log = EpochLog()
+    log.register_files(spec.name, [(str(path), path.stat().st_size, path.stat().st_mtime)])
+    dag = dagbag().dags.get("sluice_skip_file")
+    assert dag.is_paused_upon_creation is False and "take_over" not in dag.params
+    dr = dag.test(run_conf={"pipeline": spec.name, "file": path.name, "reason": "truncated upload"})
+    assert dr.state == "success"
+    skipped = log.manifest(spec.name)[0].skipped
+    assert skipped.reason == "truncated upload" and skipped.by.startswith("airflow:sluice_skip_file:")
+    dr = dag.test(run_conf={"pipeline": spec.name, "file": "never-landed.json", "reason": "typo"})
+    assert dr.state == "failed", "a file that is not in the manifest is refused"
+    log.close()
+
+
 def test_trigger_form_params_are_validated():
     from airflow.sdk.definitions.param import ParamsDict
 

@@ -200,7 +200,17 @@ class RunGroupOperator(_PlannedGroupOperator):
                 "epochs": [e["epoch_id"] for g in result["groups"] for e in g["epochs"]]}
 
 
-class RollbackOperator(BaseOperator):
+class _PipelineOperator(BaseOperator):
+    """An operator action on the pipeline chosen in the trigger form (``{{ params.pipeline }}``)."""
+
+    template_fields: Sequence[str] = ("pipeline",)
+
+    def __init__(self, *, pipeline: str, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.pipeline = pipeline
+
+
+class RollbackOperator(_PipelineOperator):
     """Roll a pipeline back to an epoch (``sluice_rollback``): preconditions, RESTORE,
     generation bump, epoch states, source rewind; with ``recompute`` the rolled-back ranges are
     planned again as a group of this run, which the next tasks run, validate and publish.
@@ -209,12 +219,7 @@ class RollbackOperator(BaseOperator):
     with what is missing and changes nothing.
     """
 
-    template_fields: Sequence[str] = ("pipeline",)
     ui_color = "#f4d9d9"
-
-    def __init__(self, *, pipeline: str, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self.pipeline = pipeline
 
     def execute(self, context: Any) -> dict[str, Any]:
         from pyspark.sql import SparkSession
@@ -253,16 +258,11 @@ class RollbackOperator(BaseOperator):
         return dict(report, store_url=url)
 
 
-class SkipFileOperator(BaseOperator):
+class SkipFileOperator(_PipelineOperator):
     """Skip a file that is gone or unreadable (``sluice_skip_file``), recorded with who (this
     DAG run), when and why; its epoch reads around it from then on. No Spark."""
 
-    template_fields: Sequence[str] = ("pipeline",)
     ui_color = "#f4ecd9"
-
-    def __init__(self, *, pipeline: str, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self.pipeline = pipeline
 
     def execute(self, context: Any) -> dict[str, Any]:
         from sluice import operations
