@@ -1,0 +1,24 @@
+"""A backfill run over data the pipeline never planned plans it (no Spark: planning only)."""
+
+from __future__ import annotations
+
+import os
+
+from sluice import protocol, service
+from sluice.store import EpochLog
+from tests.pipelines import land, make_pipeline
+
+
+def test_backfill_plans_never_planned_files_that_landed_before_its_interval_end(tmp_path):
+    spec = make_pipeline("backfill_new_data", **{"control.epoch_files": 2, "control.group_epochs": 1})
+    files = land(spec, files=5)
+    for i, path in enumerate(files):  # landed at t = 1000, 1100, ... 1400
+        os.utime(path, (1000 + 100 * i, 1000 + 100 * i))
+    log = EpochLog(f"sqlite:///{tmp_path}/s.db")
+    assert service.plan(spec, log, "airflow:d:backfill__0", interval=(0.0, 1000.0)) is None, "nothing before t=1000"
+    planned = service.plan(spec, log, "airflow:d:backfill__1", interval=(1000.0, 1250.0))
+    # Files at 1000, 1100, 1200 landed before the end: all of them now, whatever k says.
+    assert [(e["start"], e["end"]) for e in planned["epochs"]] == [(0, 2), (2, 3)]
+    assert "never processed" in planned["plan"]["reason"]
+    assert {e.state for e in log.epochs(spec.name)} == {protocol.PLANNED}
+    log.close()
