@@ -204,6 +204,16 @@ def test_clear_run_group_of_a_past_run_rolls_back_in_one_step(spark, user):
     assert runs, "no ysb run published a group"
     run_id = runs[0]["dag_run_id"]
     before = max(e["live_generation"] for e in user.epochs())
+
+    def waiting_for_data() -> str | None:
+        for run in user.trigger_runs("ysb"):
+            if run["state"] == "running" and standalone.task_states(
+                    user.client, "ysb", run["dag_run_id"]).get("wait_for_backlog") == "deferred":
+                return run["dag_run_id"]
+        return None
+
+    # The hard case, on purpose: a run of the @continuous DAG sits waiting for data.
+    user.wait(waiting_for_data, 300, "a ysb run waiting for data in its deferred sensor")
     r = user.client.post("/api/v2/dags/ysb/clearTaskInstances", json={
         "dry_run": False, "only_failed": False, "task_ids": ["run_group"], "dag_run_id": run_id,
         "include_downstream": True})

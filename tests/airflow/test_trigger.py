@@ -104,3 +104,28 @@ def test_retries_unfinished_epochs_without_new_data_but_not_when_halted_or_held(
     land(spec, files=2, seed=2)
     assert check_backlog(spec.name, None, epoch_log=log) is None, "not even on new data"
     log.close()
+
+
+def test_a_waiting_run_gives_way_to_a_queued_run_of_its_dag(monkeypatch):
+    """A cleared past run of a @continuous pipeline is queued behind the run waiting for data
+    (max_active_runs=1): after GIVE_WAY_AFTER_S the waiting run's trigger gives way."""
+    from sluice.airflow import triggers
+
+    assert not triggers.should_give_way(triggers.GIVE_WAY_AFTER_S + 1, 0)
+    assert not triggers.should_give_way(triggers.GIVE_WAY_AFTER_S - 1, 1), "no thrashing right after a start"
+    assert triggers.should_give_way(triggers.GIVE_WAY_AFTER_S, 1)
+    assert triggers.queued_runs("ysb") == 0, "outside Airflow nobody can be asked: never give way"
+    spec = make_pipeline("trigger_give_way")
+    asked = []
+    monkeypatch.setattr(triggers, "GIVE_WAY_AFTER_S", 0.5)
+    monkeypatch.setattr(triggers, "queued_runs", lambda dag_id: asked.append(dag_id) or 1)
+    payload = first_event(BacklogTrigger(spec.name, poll_interval=0.2, dag_id=spec.name))
+    assert payload["status"] == "give_way" and payload["queued"] == 1 and payload["waited_s"] >= 0.5
+    assert set(asked) == {spec.name}
+    no_dag = BacklogTrigger(spec.name, poll_interval=0.2)  # a cron run's trigger: never gives way
+    try:
+        first_event(no_dag, timeout=2.0)
+    except TimeoutError:
+        pass
+    else:
+        raise AssertionError("a trigger without a dag_id must not give way")

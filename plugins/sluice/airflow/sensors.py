@@ -8,9 +8,9 @@ from datetime import timedelta
 from typing import Any
 
 from airflow.sdk import BaseSensorOperator, PokeReturnValue
-from airflow.sdk.exceptions import AirflowException
+from airflow.sdk.exceptions import AirflowException, AirflowSkipException
 
-from sluice.airflow.triggers import BacklogTrigger, check_backlog
+from sluice.airflow.triggers import BacklogTrigger, check_backlog, queued_runs, should_give_way
 
 
 def plan_from(ready: dict[str, Any], params: dict[str, Any]) -> dict[str, Any]:
@@ -53,6 +53,11 @@ class BacklogSensor(BaseSensorOperator):
     def poke(self, context: Any) -> PokeReturnValue:
         ready = check_backlog(self.pipeline, self._store_url(), self.min_files, continuous=self.continuous)
         if ready is None:
+            started = context["ti"].start_date
+            waited = (time.time() - started.timestamp()) if started else 0.0
+            dag_id = context["dag"].dag_id
+            if self.continuous and should_give_way(waited, queued_runs(dag_id)):
+                self._give_way(dag_id)
             return PokeReturnValue(False)
         return PokeReturnValue(True, plan_from(ready, context["params"]))
 
@@ -68,10 +73,17 @@ class BacklogSensor(BaseSensorOperator):
         if ready:
             return ready.xcom_value
         self.defer(trigger=BacklogTrigger(self.pipeline, self._store_url(), float(self.poke_interval),
-                                          self.min_files, self.continuous),
+                                          self.min_files, self.continuous,
+                                          context["dag"].dag_id if self.continuous else None),
                    method_name="execute_complete", timeout=timedelta(seconds=self.timeout))
 
+    def _give_way(self, dag_id: str) -> None:
+        raise AirflowSkipException(f"pipeline {self.pipeline!r}: another run of {dag_id} is queued (a cleared "
+                                   "run, say): this run gives way without waiting for data")
+
     def execute_complete(self, context: Any, event: dict[str, Any] | None = None) -> dict[str, Any]:
+        if event and event.get("status") == "give_way":
+            self._give_way(context["dag"].dag_id)
         if not event or event.get("status") != "ready":
             message = (event or {}).get("message", "no event")
             raise AirflowException(f"pipeline {self.pipeline!r}: backlog trigger failed: {message}")

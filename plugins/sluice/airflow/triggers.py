@@ -49,8 +49,31 @@ def check_backlog(pipeline: str, store_url: str | None, min_files: int = 1, epoc
             log.close()
 
 
+#: A waiting run gives way to a queued run of its DAG (a cleared past run) after this long.
+GIVE_WAY_AFTER_S = 15.0
+
+
+def queued_runs(dag_id: str) -> int:
+    """Runs of ``dag_id`` waiting to start, asked through the Task SDK (the triggerer's and a
+    task's channel to Airflow; never its database). 0 when Airflow cannot be asked."""
+    try:
+        from airflow.sdk.execution_time.task_runner import RuntimeTaskInstance
+
+        return int(RuntimeTaskInstance.get_dr_count(dag_id=dag_id, states=["queued"]))
+    except Exception:
+        return 0
+
+
+def should_give_way(waited_s: float, queued: int) -> bool:
+    """A run that has waited a while for data ends (skipped) when another run of its DAG is
+    queued: with ``max_active_runs=1`` that run, typically one an operator cleared to roll back,
+    would otherwise wait as long as this one waits for data."""
+    return queued > 0 and waited_s >= GIVE_WAY_AFTER_S
+
+
 class BacklogTrigger(BaseTrigger):
-    """Fires once the pipeline's next group should start (see ``check_backlog``).
+    """Fires once the pipeline's next group should start (see ``check_backlog``), or gives way
+    (``status: give_way``) to a queued run of its DAG.
 
     Holds no worker slot: it polls from the triggerer's event loop, the blocking listing in a
     thread. Errors (a missing landing folder, a broken spec) are sent back as an event, so
@@ -58,18 +81,19 @@ class BacklogTrigger(BaseTrigger):
     """
 
     def __init__(self, pipeline: str, store_url: str | None = None, poll_interval: float = 5.0,
-                 min_files: int = 1, continuous: bool = True) -> None:
+                 min_files: int = 1, continuous: bool = True, dag_id: str | None = None) -> None:
         super().__init__()
         self.pipeline = pipeline
         self.store_url = store_url
         self.poll_interval = poll_interval
         self.min_files = min_files
         self.continuous = continuous
+        self.dag_id = dag_id
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return ("sluice.airflow.triggers.BacklogTrigger",
                 {"pipeline": self.pipeline, "store_url": self.store_url, "poll_interval": self.poll_interval,
-                 "min_files": self.min_files, "continuous": self.continuous})
+                 "min_files": self.min_files, "continuous": self.continuous, "dag_id": self.dag_id})
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
         started = time.monotonic()
@@ -86,10 +110,17 @@ class BacklogTrigger(BaseTrigger):
                     yield TriggerEvent({"status": "error", "pipeline": self.pipeline,
                                         "message": f"{type(exc).__name__}: {exc}"})
                     return
+                waited = round(time.monotonic() - started, 3)
                 if ready is not None:
                     yield TriggerEvent({"status": "ready", "pipeline": self.pipeline, **ready,
-                                        "waited_s": round(time.monotonic() - started, 3), "polls": polls})
+                                        "waited_s": waited, "polls": polls})
                     return
+                if self.dag_id and waited >= GIVE_WAY_AFTER_S:
+                    queued = await asyncio.to_thread(queued_runs, self.dag_id)
+                    if should_give_way(waited, queued):
+                        yield TriggerEvent({"status": "give_way", "pipeline": self.pipeline, "queued": queued,
+                                            "waited_s": waited, "polls": polls})
+                        return
                 await asyncio.sleep(self.poll_interval)
         finally:
             epoch_log.close()
