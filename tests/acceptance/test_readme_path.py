@@ -34,8 +34,9 @@ from sluice.paths import project_root
 from tests.airflow import standalone
 from tests.pipelines import invalid_lines
 
-#: Environment the test session adds (tests/conftest.py) and a user's shell would not have.
-TEST_ONLY = ("SLUICE_", "AIRFLOW", "PYSPARK_", "GX_", "PYTHONPATH", "SPARK_")
+#: Environment the test session adds (tests/conftest.py, `make test`'s own make) and a user's
+#: shell would not have (under MAKELEVEL, make prints "Entering directory" lines to stdout).
+TEST_ONLY = ("SLUICE_", "AIRFLOW", "PYSPARK_", "GX_", "PYTHONPATH", "SPARK_", "MAKE", "MFLAGS")
 UNHEALTHY_GRACE_S = 90.0  # a heartbeat can lag on 2 loaded cores; a dead scheduler stays unhealthy
 
 
@@ -320,7 +321,8 @@ def test_bad_input_is_rejected_and_a_vanished_file_is_skipped_on_purpose(spark, 
     failed = [e for e in user.epochs() if e["state"] == "failed"]
     assert failed and failed[0]["attempts"] == 3 and "no longer in the landing folder" in failed[0]["error"]
     out = user.make("skip-file", "PIPELINE=ysb", f"FILE={victim}", "REASON=acceptance: upload lost")
-    assert json.loads(out.strip().splitlines()[-1])["skipped"]["reason"] == "acceptance: upload lost"
+    report = json.loads(next(line for line in out.splitlines() if line.startswith("{")))
+    assert report["skipped"]["reason"] == "acceptance: upload lost"
 
     def published_without_it() -> bool:
         holders = [e for e in user.epochs() if e["live"] and any(f["path"] == str(victim) for f in e["files"])]
