@@ -93,10 +93,19 @@ generate: venv
 cli: setup
 	@$(VENV)/bin/airflow $(ARGS)
 
+# SQLite answers "database is locked" at once, whatever the busy timeout, when two writers would
+# deadlock; the scheduler writes all the time, so an Airflow command is tried again a few times.
+define retry_locked
+for i in 1 2 3 4 5 6; do out=$$($(1) 2>&1); rc=$$?; echo "$$out" | grep -v "^$$"; \
+	if [ $$rc -eq 0 ]; then exit 0; fi; \
+	case "$$out" in *"database is locked"*) echo "==> Airflow's SQLite database was locked; again in 5 s ($$i/6)"; sleep 5;; \
+	*) exit $$rc;; esac; done; exit 1
+endef
+
 backfill: setup
 	@test -n "$(DAG)" -a -n "$(FROM)" -a -n "$(TO)" || { echo "usage: make backfill DAG=<dag> FROM=<date> TO=<date>"; exit 2; }
-	@$(VENV)/bin/airflow dags unpause $(DAG) > /dev/null
-	@$(VENV)/bin/airflow backfill create --dag-id $(DAG) --from-date $(FROM) --to-date $(TO) --max-active-runs 1
+	@$(call retry_locked,$(VENV)/bin/airflow dags unpause $(DAG))
+	@$(call retry_locked,$(VENV)/bin/airflow backfill create --dag-id $(DAG) --from-date $(FROM) --to-date $(TO) --max-active-runs 1)
 
 TO_EPOCH ?=
 REASON ?=
