@@ -94,11 +94,12 @@ cli: setup
 	@$(VENV)/bin/airflow $(ARGS)
 
 # SQLite answers "database is locked" at once, whatever the busy timeout, when two writers would
-# deadlock; the scheduler writes all the time, so an Airflow command is tried again a few times.
+# deadlock, and the scheduler may create a run for the same date a moment before a backfill does
+# (IntegrityError): both are races with the scheduler, so the command is tried again a few times.
 define retry_locked
 for i in 1 2 3 4 5 6; do out=$$($(1) 2>&1); rc=$$?; echo "$$out" | grep -v "^$$"; \
 	if [ $$rc -eq 0 ]; then exit 0; fi; \
-	case "$$out" in *"database is locked"*) echo "==> Airflow's SQLite database was locked; again in 5 s ($$i/6)"; sleep 5;; \
+	case "$$out" in *"database is locked"*|*IntegrityError*) echo "==> a race with the scheduler; again in 5 s ($$i/6)"; sleep 5;; \
 	*) exit $$rc;; esac; done; exit 1
 endef
 
