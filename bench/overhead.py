@@ -99,15 +99,41 @@ def epoch_fixed_cost(work: Path, epochs: int) -> dict[str, Any]:
         service.run_once(spec, epoch_log, spark, epoch_size=1, k=epochs)
         wall = time.perf_counter() - t0
         timings = [e.timings for e in epoch_log.epochs(spec.name)][1:]  # the first epoch pays class loading
-        steps = {key: stats([t.get(key, 0.0) for t in timings], 3) for key in timings[0]}
+        steps = {key: stats([t.get(key, 0.0) for t in timings], 3) for key in timings[0]
+                 if isinstance(timings[0][key], int | float)}
         result[tag] = {"epochs": epochs, "group_wall_s": round(wall, 2), "per_epoch_s": steps["epoch_s"],
-                       "steps": steps}
-        print(f"  fixed cost per epoch ({tag}): {steps['epoch_s']}", flush=True)
+                       "steps": steps, "marginal_epoch_s": marginal_epoch_cost(work, spark, tag, validate, epochs)}
+        print(f"  fixed cost per epoch ({tag}): {steps['epoch_s']}; one more epoch in a group: "
+              f"{result[tag]['marginal_epoch_s']}", flush=True)
         epoch_log.engine.dispose()
     gx = [v for k, v in result["gx"]["steps"].items() if k.startswith("validate_")]
     result["gx_per_epoch_s"] = gx[0] if gx else None
     spark.stop()
     return result
+
+
+def marginal_epoch_cost(work: Path, spark: Any, tag: str, validate: bool, epochs: int,
+                        reps: int = 3) -> dict[str, Any]:
+    """What one more tiny epoch adds to a group: (wall of a group of ``epochs`` tiny epochs -
+    wall of a group of one) / (epochs - 1), warm session, paired per repetition."""
+    from sluice import service
+    from sluice.store import EpochLog
+
+    marginal = []
+    for rep in range(reps):
+        walls = {}
+        for k in (1, epochs) if rep % 2 == 0 else (epochs, 1):
+            root = work / f"marginal-{tag}-{rep}-{k}"
+            land_ysb(root / "landing", k, 20, malformed_fraction=0.0)
+            spec = write_spec(root, ysb_spec_yaml(f"bench_marginal_{tag}_{rep}_{k}", root / "landing",
+                                                  root / "campaign_views", epoch_files=1, k=k, validate=validate))
+            epoch_log = EpochLog(f"sqlite:///{root / 'sluice.db'}")
+            t0 = time.perf_counter()
+            service.run_once(spec, epoch_log, spark, epoch_size=1, k=k)
+            walls[k] = time.perf_counter() - t0
+            epoch_log.engine.dispose()
+        marginal.append((walls[epochs] - walls[1]) / (epochs - 1))
+    return stats(marginal, 3)
 
 
 # -- Airflow -----------------------------------------------------------------------------------

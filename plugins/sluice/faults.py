@@ -1,9 +1,14 @@
 """Fault injection for crash tests: ``SLUICE_FAULT=<point>[@<epoch>]``, ``SLUICE_FAULT_MODE``.
 
-Points: ``after_plan`` (the group is in the log, nothing read), ``mid_write`` (the epoch's
-first sink transaction is in Delta, the others are not), ``after_delta_commit`` (every sink
-holds the epoch, the epoch log does not yet). Mode ``kill`` sends SIGKILL to this process, as
-a lost machine would; ``raise`` throws ``InjectedFault``. Unset, this module does nothing.
+Points: ``after_plan`` (the group is in the log, nothing read), ``mid_write`` (the first
+table's transaction of the group, or epoch, is in Delta, the others are not),
+``after_delta_commit`` (every table holds it, the epoch log does not yet), ``mid_reconcile``
+(a rerun restored one table an earlier attempt wrote, not yet the others), ``before_publish``
+(the epoch records are written, the store has not published the group), ``mid_rollback``
+(one table restored, not yet the others), ``mid_rebuild`` (a store rebuild loaded the
+records, its orphan rollback has not started). Mode ``kill`` sends SIGKILL to this process, as
+a lost machine would; ``stop`` sends SIGSTOP (a paused VM, a GC pause: it carries on after
+SIGCONT); ``raise`` throws ``InjectedFault``. Unset, this module does nothing.
 """
 
 from __future__ import annotations
@@ -11,7 +16,8 @@ from __future__ import annotations
 import os
 import signal
 
-POINTS = ("after_plan", "mid_write", "after_delta_commit")
+POINTS = ("after_plan", "mid_write", "after_delta_commit", "mid_reconcile", "before_publish", "mid_rollback",
+          "mid_rebuild")
 
 
 class InjectedFault(RuntimeError):
@@ -25,6 +31,10 @@ def maybe_fail(point: str, epoch_id: int | None = None) -> None:
     name, _, at = wanted.partition("@")
     if name != point or (at and epoch_id is not None and int(at) != epoch_id):
         return
-    if os.environ.get("SLUICE_FAULT_MODE", "raise") == "kill":
+    mode = os.environ.get("SLUICE_FAULT_MODE", "raise")
+    if mode == "kill":
         os.kill(os.getpid(), signal.SIGKILL)
+    if mode == "stop":  # a zombie: frozen until SIGCONT, then it carries on from here
+        os.kill(os.getpid(), signal.SIGSTOP)
+        return
     raise InjectedFault(f"injected fault at {point} (epoch {epoch_id})")

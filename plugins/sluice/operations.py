@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote, urlparse
 
-from sluice import protocol
+from sluice import faults, protocol
 from sluice.errors import SluiceError, SourceError
 from sluice.runner import write_rollback_record
 from sluice.sources import FileSource
@@ -49,7 +49,8 @@ def tables(spec: PipelineSpec) -> dict[str, list[str]]:
     found: dict[str, list[str]] = {}
     for sink in spec.sinks:
         found.setdefault(sink.path, []).append(sink.name)
-        found.setdefault(spec.quarantine_table, []).append(f"_quarantine_{sink.name}")
+        found.setdefault(spec.quarantine_table, []).append(f"_quarantine_{sink.name}")  # before one commit
+    found.setdefault(spec.quarantine_table, []).append("_quarantine")
     found.setdefault(spec.rejected_table, []).append("_rejected")
     return found
 
@@ -139,26 +140,64 @@ def rollback(spec: PipelineSpec, epoch_log: EpochLog, spark: SparkSession, lease
     with ``group_id`` of the group to run now, if any.
     """
     plan = epoch_log.rollback_plan(spec.name, to_epoch)
-    restores = check_preconditions(spec, epoch_log, spark, plan)
-    details = {"to_epoch": to_epoch, "reason": reason, "owner": lease.owner, "generation": plan.generation}
+    shared = sharing_a_commit(plan)
+    replan_later = recompute
+    if shared:
+        # A group commit holds several epochs in one Delta version: rolling back into its
+        # middle restores the version before it and recomputes its epochs before to_epoch with
+        # their recorded ranges (and, with recompute, the rest as well).
+        log.info("pipeline %s: epochs %s share a Delta commit with epoch %s; they are recomputed", spec.name,
+                 shared, to_epoch)
+        plan = epoch_log.rollback_plan(spec.name, shared[0])
+        if not recompute:
+            recompute, through_epoch = True, to_epoch - 1
+    try:
+        restores = check_preconditions(spec, epoch_log, spark, plan)
+    except RollbackRefusedError:
+        # An intent recorded early (a backfill's plan step cannot check table versions) whose
+        # restores never started is withdrawn: the refusal changes nothing, as it says.
+        pending = epoch_log.pending_rollback(spec.name)
+        if pending and pending.get("to_epoch") == plan.to_epoch and not pending.get("restoring"):
+            epoch_log.cancel_rollback(lease)
+        raise
+    details = {"to_epoch": plan.to_epoch, "reason": reason, "owner": lease.owner, "generation": plan.generation,
+               "restoring": True}
+    if through_epoch is not None:
+        details["through_epoch"] = through_epoch
     epoch_log.begin_rollback(lease, details)
+    from sluice.runner import fence_tables
     from sluice.sinks.delta import restore
 
+    # No earlier run may commit to a table once this one starts restoring it.
+    fence_tables(spark, spec, plan.generation, lease.fence)
     for r in restores:
         if r.target is not None:
             metrics = restore(spark, r.path, r.target)
             log.info("pipeline %s: restored %s from version %s to %s: %s", spec.name, r.path, r.latest, r.target,
                      metrics)
+            faults.maybe_fail("mid_rollback", plan.to_epoch)
     new_gen, group = epoch_log.finish_rollback(lease, plan, replan=recompute, reason=reason,
-                                               through_epoch=through_epoch)
+                                               through_epoch=through_epoch, replan_later=replan_later)
     record = {"pipeline": spec.name, "generation": new_gen, "from_generation": plan.generation,
-              "to_epoch": to_epoch, "reason": reason, "by": lease.owner, "at": utcnow().isoformat() + "Z",
+              "to_epoch": to_epoch, "restored_to_epoch": plan.to_epoch,
+              "reason": reason, "by": lease.owner, "at": utcnow().isoformat() + "Z",
               "rolled_back": [[e.epoch_id, e.start, e.end, e.state] for e in plan.rolled_back],
               "restored": {r.path: r.target for r in restores if r.target is not None}}
     write_rollback_record(spec, record)
     log.info("pipeline %s: rolled back to epoch %s (generation %s -> %s): %s", spec.name, to_epoch,
              plan.generation, new_gen, json.dumps(record["restored"]))
     return dict(record, group_id=group.group_id if group else None)
+
+
+def sharing_a_commit(plan: RollbackPlan) -> list[int]:
+    """Kept epochs written in the same Delta commit as a rolled-back one (one commit per group)."""
+    first_rolled = plan.rolled_back[0].epoch_id if plan.rolled_back else None
+    if first_rolled is None:
+        return []
+    versions = {(k, v) for e in plan.rolled_back for k, v in e.delta_versions.items() if v is not None}
+    return [e.epoch_id for e in plan.kept
+            if any((k, v) in versions for k, v in e.delta_versions.items())
+            or (e.rows.get("commit") and e.rows["commit"][1] >= first_rolled)]
 
 
 def redo_group(spec: PipelineSpec, epoch_log: EpochLog, spark: SparkSession, lease: Lease,
@@ -200,10 +239,12 @@ def read_records(spec: PipelineSpec) -> tuple[list[dict[str, Any]], list[dict[st
 def live_records(epochs: list[dict[str, Any]], rollbacks: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The published epochs a rebuilt store must hold: for each epoch id the newest record not
     undone by a later rollback (one to generation g at epoch r undoes records of generations
-    below g for epochs >= r)."""
+    below g for epochs >= r; r is where its RESTORE went, before ``to_epoch`` when that fell
+    inside a group commit)."""
     best: dict[int, dict[str, Any]] = {}
     for rec in epochs:
-        undone = any(rb["generation"] > rec["generation"] and rec["epoch_id"] >= rb["to_epoch"] for rb in rollbacks)
+        undone = any(rb["generation"] > rec["generation"]
+                     and rec["epoch_id"] >= rb.get("restored_to_epoch", rb["to_epoch"]) for rb in rollbacks)
         if undone:
             continue
         current = best.get(rec["epoch_id"])
@@ -214,8 +255,18 @@ def live_records(epochs: list[dict[str, Any]], rollbacks: list[dict[str, Any]]) 
 
 def rebuild_store(spec: PipelineSpec, epoch_log: EpochLog, spark: SparkSession, owner: str) -> dict[str, Any]:
     """Rebuild a lost store from the records, then undo anything the tables hold beyond the
-    last published epoch (a group that committed but did not publish before the loss)."""
-    if epoch_log.has_pipeline(spec.name):
+    last published epoch (a group that committed but did not publish before the loss).
+
+    All or nothing, and rerunnable: the records load in one store transaction together with a
+    rollback intent that halts the pipeline; a rebuild killed before that intent is cleared is
+    resumed by running it again. The lease tokens start above every token in the tables, so
+    Delta does not take the next run for an older one."""
+    from sluice.runner import pipeline_tables
+    from sluice.sinks.delta import commit_lineage, is_delta_table
+
+    pending = epoch_log.pending_rollback(spec.name) if epoch_log.has_pipeline(spec.name) else None
+    resuming = bool(pending and pending.get("rebuild"))
+    if epoch_log.has_pipeline(spec.name) and not resuming:
         raise SluiceError(f"pipeline {spec.name!r}: the epoch store at {epoch_log.url} already holds this "
                           "pipeline; rebuild only into an empty store")
     epochs, rollbacks = read_records(spec)
@@ -228,16 +279,24 @@ def rebuild_store(spec: PipelineSpec, epoch_log: EpochLog, spark: SparkSession, 
             raise SluiceError(f"pipeline {spec.name!r}: the record of epoch {r['epoch_id']} lists "
                               f"{len(r['files'])} files for offsets [{r['start']}, {r['end']})")
         files += [(r["start"] + i, path, size, mtime) for i, (path, size, mtime) in enumerate(r["files"])]
-    epoch_log.load_records(spec.name, generation, files, live)
+    if not resuming:
+        token = max((c.token for t in pipeline_tables(spec) if is_delta_table(spark, t.path)
+                     for c in commit_lineage(spark, t.path)), default=0)
+        epoch_log.load_records(spec.name, generation, files, live, fence=token,
+                               intent={"to_epoch": len(live), "rebuild": True, "owner": owner,
+                                       "reason": "store rebuild in progress: run the rebuild again to finish it"})
     report: dict[str, Any] = {"pipeline": spec.name, "generation": generation, "epochs": len(live),
-                              "files": len(files), "rolled_back_orphans": None}
+                              "files": len(files), "rolled_back_orphans": None, "resumed": resuming}
     lease = epoch_log.acquire_lease(spec.name, owner)
     try:
         plan = epoch_log.rollback_plan(spec.name, len(live))
         if any(r.target is not None for r in plan_restores(spec, spark, plan)):
+            faults.maybe_fail("mid_rebuild")
             report["rolled_back_orphans"] = rollback(
                 spec, epoch_log, spark, lease, to_epoch=len(live), recompute=False,
                 reason="store rebuilt: the tables held epochs after the last published one")
+        else:
+            epoch_log.cancel_rollback(lease)
     finally:
         epoch_log.release_lease(lease)
     report["generation"] = epoch_log.generation(spec.name)

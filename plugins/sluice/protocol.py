@@ -94,12 +94,82 @@ def sink_app_id(pipeline: str, sink: str, generation: int) -> str:
     return f"sluice:{pipeline}:{sink}:g{generation}"
 
 
-def already_written(recorded_txn_version: int | None, epoch_id: int) -> bool:
-    """Delta skips a write whose txnVersion is <= the recorded one; epochs commit in order."""
-    return recorded_txn_version is not None and recorded_txn_version >= epoch_id
+#: A Delta ``txnVersion`` packs the writer's lease token above the epoch: ``token << 32 |
+#: (last epoch + 1)``. Delta skips (and, when concurrent, refuses) a write whose txnVersion is not
+#: above the one it recorded for the app id, so once a newer owner's token is in a table, no
+#: older run can change it, whatever its timing: the fence is part of the Delta transaction.
+TXN_EPOCH_BITS = 32
+
+
+def txn_version(token: int, last_epoch: int) -> int:
+    """The txnVersion of a commit holding epochs up to ``last_epoch`` (-1: a fence, no epoch)."""
+    if not 0 <= last_epoch + 1 < 1 << TXN_EPOCH_BITS or token < 0:
+        raise ProtocolError(f"cannot pack token {token} and epoch {last_epoch} into a txnVersion")
+    return (token << TXN_EPOCH_BITS) | (last_epoch + 1)
+
+
+def txn_token(version: int) -> int:
+    """The lease token a txnVersion carries."""
+    return version >> TXN_EPOCH_BITS
+
+
+def txn_epoch(version: int) -> int:
+    """The last epoch a txnVersion carries (-1 for a fence)."""
+    return (version & ((1 << TXN_EPOCH_BITS) - 1)) - 1
+
+
+def already_written(recorded_txn_version: int | None, token: int, last_epoch: int) -> bool:
+    """Whether Delta would skip a write: its txnVersion is not above the recorded one."""
+    return recorded_txn_version is not None and recorded_txn_version >= txn_version(token, last_epoch)
+
+
+def fenced_out(recorded_txn_version: int | None, token: int) -> bool:
+    """Whether a newer owner's token is recorded in the table (this run may not write it)."""
+    return recorded_txn_version is not None and txn_token(recorded_txn_version) > token
 
 
 def epochs_to_reprocess(states: Sequence[tuple[int, str]]) -> list[int]:
     """Epoch ids a new run must finish and publish before planning more (a dead run's
     leftovers: unwritten, failed, or written but not yet published)."""
     return [epoch_id for epoch_id, state in states if state in UNPUBLISHED]
+
+
+@dataclass(frozen=True)
+class TableCommit:
+    """What reconcile needs of one Delta commit: its operation, the version a RESTORE went back
+    to, and the sluice ``userMetadata`` (app id, generation, epochs) if sluice wrote it."""
+
+    version: int
+    operation: str
+    restored_to: int | None = None
+    app_id: str | None = None
+    generation: int | None = None
+    epochs: tuple[int, ...] = ()
+    token: int = 0  # the lease token of the run that wrote it (0: before tokens were recorded)
+
+
+def first_commit_holding(commits: Sequence[TableCommit], app_id: str, generation: int,
+                         from_epoch: int) -> int | None:
+    """The oldest commit, in the table's current lineage, in which ``app_id`` wrote any epoch
+    >= ``from_epoch``; ``None`` when the table holds none of them.
+
+    ``commits`` are newest first. A RESTORE's lineage continues at the version it restored
+    (what it undid is no longer in the table). The walk stops at a commit of an older
+    generation: a generation's commits all come after the rollback that started it.
+    """
+    by_version = {c.version: c for c in commits}
+    found = None
+    version = commits[0].version if commits else -1
+    while version >= 0 and version in by_version:
+        commit = by_version[version]
+        if commit.operation == "RESTORE" and commit.restored_to is not None:
+            version = commit.restored_to
+            continue
+        if commit.app_id is not None and commit.generation is not None and commit.generation < generation:
+            break
+        if commit.app_id == app_id and commit.epochs:
+            if max(commit.epochs) < from_epoch:
+                break
+            found = commit.version
+        version -= 1
+    return found

@@ -20,11 +20,12 @@ from typing import TYPE_CHECKING, Any, NoReturn
 from sluice import faults, protocol, validation
 from sluice.errors import FencedError, PipelineHaltedError, SluiceError
 from sluice.paths import project_root
-from sluice.sinks.delta import DeltaSink, SinkCommit, describe, rejected_sink
+from sluice.sinks.delta import DeltaSink, EpochRange, SinkCommit, describe, rejected_sink
 from sluice.sources import FileSource
 from sluice.spark import is_connect
 from sluice.spec import PipelineSpec, SinkSpec
 from sluice.store import Epoch, EpochLog, Group, Lease
+from sluice.store.epoch_log import utcnow
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -78,12 +79,13 @@ def tag_rejected(records: DataFrame, spec: PipelineSpec) -> DataFrame:
     return records.withColumn("_reason", F.coalesce(*[F.when(cond, msg) for cond, msg in rules]))
 
 
-def split_rejected(records: DataFrame, spec: PipelineSpec, epoch: Epoch,
+def split_rejected(records: DataFrame, spec: PipelineSpec, generation: int, epoch_id: int | None = None,
                    tagged: DataFrame | None = None) -> tuple[DataFrame, DataFrame]:
     """Separate malformed records (``tag_rejected``; pass ``tagged`` if already computed).
 
-    Rejected rows keep the pipeline, epoch, generation, file, line, reason and the raw record;
-    nothing about them is non-deterministic, so a replayed epoch writes the same rows.
+    Rejected rows keep the pipeline, epoch (``epoch_id``, or the records' ``_epoch`` column),
+    generation, file, line, reason and the raw record; nothing about them is non-deterministic,
+    so a replayed epoch writes the same rows.
     """
     from pyspark.sql import functions as F
 
@@ -91,9 +93,10 @@ def split_rejected(records: DataFrame, spec: PipelineSpec, epoch: Epoch,
     tagged = tag_rejected(records, spec) if tagged is None else tagged
     valid = tagged.where(F.col("_reason").isNull()).select(*[F.col(f"`{f}`") for f in fields])
     raw = F.coalesce(F.col("_corrupt_record"), F.to_json(F.struct(*[F.col(f"`{f}`") for f in fields])))
+    epoch = F.col("_epoch").cast("int") if epoch_id is None else F.lit(epoch_id)
     rejected = tagged.where(F.col("_reason").isNotNull()).select(
-        F.lit(spec.name).alias("pipeline"), F.lit(epoch.epoch_id).alias("epoch"),
-        F.lit(epoch.generation).alias("generation"), F.col("_file").alias("file"),
+        F.lit(spec.name).alias("pipeline"), epoch.alias("epoch"),
+        F.lit(generation).alias("generation"), F.col("_file").alias("file"),
         F.col("_line").cast("long").alias("line"), F.col("_reason").alias("reason"), raw.alias("record"))
     return valid, rejected
 
@@ -116,12 +119,69 @@ class PreparedEpoch:
     outputs: dict[str, DataFrame] = field(default_factory=dict)
     counts: dict[str, int] = field(default_factory=dict)
     results: dict[str, validation.SinkValidation] = field(default_factory=dict)
-    quarantined: list[tuple[DeltaSink, DataFrame]] = field(default_factory=list)
+    quarantined: list[DataFrame] = field(default_factory=list)
 
     def release(self) -> None:
         for frame in self.cached:
             frame.unpersist()
         self.cached.clear()
+
+
+@dataclass
+class PreparedGroup:
+    """A group's epochs read in one scan, split, transformed and validated, not yet written."""
+
+    epochs: list[Epoch]
+    t0: float
+    timings: dict[str, float]
+    cached: list[DataFrame] = field(default_factory=list)
+    n_input: dict[int, int] = field(default_factory=dict)
+    n_rejected: dict[int, int] = field(default_factory=dict)
+    rejected: DataFrame | None = None
+    quarantined: DataFrame | None = None
+    outputs: dict[str, DataFrame] = field(default_factory=dict)
+    results: dict[int, dict[str, validation.SinkValidation]] = field(default_factory=dict)
+    committing: list[Epoch] = field(default_factory=list)  # the epochs to write (before ``failed``)
+    failed: Epoch | None = None  # the first epoch that failed validation under ``fail``
+
+    def release(self) -> None:
+        for frame in self.cached:
+            frame.unpersist()
+        self.cached.clear()
+
+
+def epoch_range(epoch: Epoch) -> EpochRange:
+    return EpochRange(epoch.epoch_id, epoch.start, epoch.end)
+
+
+class LeaseKeeper:
+    """Renews a lease every third of its TTL from a thread while a group is processed, so a
+    long epoch does not let it expire. A renewal that finds the lease taken over stops; the
+    run's next store write, or Delta (the token in every commit), then refuses it."""
+
+    def __init__(self, epoch_log: EpochLog, lease: Lease, ttl_s: float) -> None:
+        self.log, self.lease, self.ttl_s = epoch_log, lease, ttl_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._renew, name=f"sluice-lease-{lease.pipeline}", daemon=True)
+
+    def __enter__(self) -> LeaseKeeper:
+        self.log.renew_lease(self.lease, self.ttl_s)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: Any) -> None:
+        self._stop.set()
+        self._thread.join(timeout=30)
+
+    def _renew(self) -> None:
+        while not self._stop.wait(self.ttl_s / 3):
+            try:
+                self.log.renew_lease(self.lease, self.ttl_s)
+            except FencedError as exc:
+                log.warning("%s", exc)
+                return
+            except Exception:  # the store is briefly unreachable: try again next time
+                log.exception("pipeline %s: could not renew the lease", self.lease.pipeline)
 
 
 class GroupRunner:
@@ -145,33 +205,221 @@ class GroupRunner:
         return self._refs
 
     def run(self, lease: Lease, group: Group, concurrency: int = 1) -> Group:
-        """Process the group's unwritten epochs in order. Under the ``fail`` policy an epoch
-        that fails validation is recorded as failed and the group stops there: nothing of it
-        or of later epochs is written, and the ``validate`` step halts the pipeline.
+        """Process the group's unwritten epochs in order (the ``process`` and ``commit`` steps).
 
-        With ``concurrency`` > 1 (independent epochs only: append sinks, A-scheduler) up to that
-        many epochs are computed at once in FAIR pools weighted towards the oldest, and
-        committed one by one in epoch order, so txnVersion stays monotonic.
+        ``commit: group`` (the default): the epochs are read in one scan, transformed and
+        written together, one Delta commit per table (``run_group``). ``commit: epoch``: one
+        after the other, each with its own commits; with ``concurrency`` > 1 (independent
+        epochs only: append sinks, A-scheduler) up to that many are computed at once in FAIR
+        pools weighted towards the oldest, and committed one by one in epoch order.
+
+        Under the ``fail`` policy an epoch that fails validation is recorded as failed and the
+        group stops there: nothing of it or of later epochs is written, and the ``validate``
+        step halts the pipeline.
         """
         faults.maybe_fail("after_plan")
         partitions = group.plan.get("partitions")
         if partitions and self.spec.control.adaptive:  # the controllers' partition count (DyBBS hill climb)
             self.spark.conf.set("spark.sql.shuffle.partitions", str(partitions))
         todo = [e for e in group.epochs if e.state not in (protocol.COMMITTED, protocol.PUBLISHED)]
-        if concurrency > 1 and len(todo) > 1:
-            self._run_concurrently(lease, todo, concurrency)
-        else:
-            for epoch in todo:
-                self.log.renew_lease(lease, self.spec.control.lease_ttl_s)
-                self._start_attempt(lease, epoch)
-                try:
-                    committed = self.commit(lease, self.prepare(epoch))
-                except Exception as exc:
-                    self._fail(lease, epoch, exc)
-                if committed is None:
-                    break
+        with LeaseKeeper(self.log, lease, self.spec.control.lease_ttl_s):
+            if todo and any(e.attempts > 0 for e in todo):
+                self.reconcile_tables(lease, todo)
+            if self.spec.commit == "group" and todo:
+                self.run_group(lease, todo)
+            elif concurrency > 1 and len(todo) > 1:
+                self._run_concurrently(lease, todo, concurrency)
+            else:
+                for epoch in todo:
+                    self._start_attempt(lease, epoch)
+                    try:
+                        committed = self.commit(lease, self.prepare(epoch))
+                    except Exception as exc:
+                        self._fail(lease, [epoch], exc)
+                    if committed is None:
+                        break
         self.maybe_optimize(group)
         return self.log.group(self.spec.name, group.group_id)
+
+    # -- all-or-nothing: what an earlier attempt left in the tables ----------------------------
+
+    def reconcile_tables(self, lease: Lease, epochs: list[Epoch]) -> dict[str, int]:
+        """Before an epoch that was attempted already is written again: record this run's lease
+        token in every table (from then on no earlier attempt, a zombie included, can commit),
+        then RESTORE each table that holds any of these epochs to the version before the first
+        commit holding them. The rerun then writes every table afresh: nothing an earlier
+        attempt wrote survives beside the rerun's output (a fix that now rejects a record
+        cannot leave it in neither table). Returns the restored versions by table path."""
+        from sluice.sinks.delta import commit_lineage, restore
+
+        generation, first = epochs[0].generation, epochs[0].epoch_id
+        restored: dict[str, int] = {}
+        for table in pipeline_tables(self.spec):
+            if table.fence(self.spark, generation, lease.fence) is None:
+                continue
+            holding = protocol.first_commit_holding(commit_lineage(self.spark, table.path), table.app_id(generation),
+                                                    generation, first)
+            if holding is None:
+                continue
+            restore(self.spark, table.path, holding - 1)
+            restored[table.path] = holding - 1
+            log.warning("pipeline %s: %s held epochs >= %s of an earlier attempt (version %s); restored to "
+                        "version %s before writing them again", self.spec.name, table.path, first, holding,
+                        holding - 1)
+            faults.maybe_fail("mid_reconcile", first)
+        self.log.check_lease(lease)
+        return restored
+
+    # -- commit: group -----------------------------------------------------------------------
+
+    def run_group(self, lease: Lease, epochs: list[Epoch]) -> None:
+        for epoch in epochs:
+            self._start_attempt(lease, epoch)
+        try:
+            self.commit_group(lease, self.prepare_group(epochs))
+        except Exception as exc:
+            self._fail(lease, epochs, exc)
+
+    def prepare_group(self, epochs: list[Epoch]) -> PreparedGroup:
+        """Read the epochs' ranges in one scan, split off rejected records, transform and
+        validate. Without expectation suites the group is transformed as one frame (one
+        shuffle); with them each epoch is transformed and validated on its own (epochs stay
+        the unit of validation and quarantine) and the outputs are unioned for the commit."""
+        from functools import reduce
+
+        from pyspark.sql import functions as F
+
+        t0 = time.monotonic()
+        timings: dict[str, float] = {}
+        records = self.source.read_epochs(self.spark, [epoch_range(e) for e in epochs]).persist()
+        prepared = PreparedGroup(list(epochs), t0, timings, cached=[records])
+        try:
+            tagged = tag_rejected(records, self.spec)
+            # One job reads the ranges into the cache and counts input and rejected records per epoch.
+            counts = tagged.groupBy("_epoch").agg(F.count(F.lit(1)).alias("n"), F.count("_reason").alias("r"))
+            for row in counts.collect():
+                prepared.n_input[int(row["_epoch"])], prepared.n_rejected[int(row["_epoch"])] = row["n"], row["r"]
+            timings["read_s"] = round(time.monotonic() - t0, 3)
+            policy = self.spec.validation.policy
+            if not self.suites:
+                valid, prepared.rejected = split_rejected(records, self.spec, epochs[0].generation, tagged=tagged)
+                prepared.outputs = self._outputs(valid)
+            else:
+                per_sink: dict[str, list[DataFrame]] = {}
+                quarantined: list[DataFrame] = []
+                for epoch in epochs:
+                    valid, _ = split_rejected(records.where(F.col("_epoch") == epoch.epoch_id), self.spec,
+                                              epoch.generation, epoch.epoch_id)
+                    outputs = self._outputs(valid)
+                    results: dict[str, validation.SinkValidation] = {}
+                    for sink in self.sinks:
+                        suite = self.suites.get(sink.spec.name)
+                        if suite is None:
+                            continue
+                        t_val = time.monotonic()
+                        with _GX_LOCK:
+                            result, outputs[sink.spec.name], bad = validation.validate(
+                                sink.spec.name, outputs[sink.spec.name], suite, locate_rows=policy == "quarantine")
+                        if bad is not None:
+                            result = replace(result, quarantined=bad.count())
+                            quarantined.append(quarantine_rows(bad, self.spec, sink.spec.name, epoch))
+                        results[sink.spec.name] = result
+                        timings[f"validate_{sink.spec.name}_s"] = round(
+                            timings.get(f"validate_{sink.spec.name}_s", 0) + time.monotonic() - t_val, 3)
+                    prepared.results[epoch.epoch_id] = results
+                    if policy == "fail" and any(not r.success for r in results.values()):
+                        prepared.failed = epoch  # it and later epochs are not written
+                        break
+                    for name, frame in outputs.items():
+                        per_sink.setdefault(name, []).append(frame)
+                    prepared.committing.append(epoch)
+                written = [e.epoch_id for e in prepared.committing]
+                _, rejected = split_rejected(records, self.spec, epochs[0].generation, tagged=tagged)
+                prepared.rejected = rejected.where(F.col("epoch").isin(written))
+                prepared.outputs = {name: reduce(lambda a, b: a.unionByName(b), frames)
+                                    for name, frames in per_sink.items()}
+                if quarantined:
+                    prepared.quarantined = reduce(lambda a, b: a.unionByName(b), quarantined)
+            if not self.suites or prepared.failed is None:
+                prepared.committing = list(epochs)
+        except BaseException:
+            prepared.release()
+            raise
+        return prepared
+
+    def commit_group(self, lease: Lease, prepared: PreparedGroup) -> None:
+        """Write the group's epochs (those before one that failed validation under ``fail``):
+        at most one Delta transaction per table, ``_rejected`` and ``_quarantine`` first, a
+        table with nothing to write skipped; then record them committed in one store
+        transaction (step 4). A crash in between is repaired by ``reconcile_tables``."""
+        epochs, timings = prepared.committing, prepared.timings
+        token = lease.fence
+        try:
+            commits: list[SinkCommit] = []
+            if epochs:
+                ranges = [epoch_range(e) for e in epochs]
+                generation = epochs[0].generation
+                n_rejected = sum(prepared.n_rejected.get(e.epoch_id, 0) for e in epochs)
+                quarantined = sum(r.quarantined for e in epochs for r in prepared.results.get(e.epoch_id, {}).values())
+                writes: list[tuple[DeltaSink, DataFrame | None, int | None]] = [
+                    (self.rejected, prepared.rejected, n_rejected),
+                    (quarantine_sink(self.spec), prepared.quarantined, quarantined)]
+                for sink in self.sinks:
+                    frame = prepared.outputs[sink.spec.name].persist()
+                    prepared.cached.append(frame)
+                    writes.append((sink, frame, frame.count()))
+                timings["compute_s"] = round(time.monotonic() - prepared.t0, 3)
+                for table, frame, rows in writes:
+                    if frame is None or not rows:
+                        continue  # nothing to write: no commit
+                    if commits:
+                        faults.maybe_fail("mid_write", epochs[-1].epoch_id)
+                    t_sink = time.monotonic()
+                    commits.append(table.write(self.spark, frame, epochs=ranges, generation=generation, token=token,
+                                               skip_empty=True, rows=rows))
+                    timings[f"write_{table.spec.name}_s"] = round(time.monotonic() - t_sink, 3)
+        finally:
+            prepared.release()
+        if epochs:
+            faults.maybe_fail("after_delta_commit", epochs[-1].epoch_id)
+            self._record_group_commit(lease, prepared, commits)
+        if prepared.failed is not None:
+            results = {name: r.as_dict() for name, r in prepared.results[prepared.failed.epoch_id].items()}
+            self.log.mark_failed(lease, prepared.failed, "validation failed: " + validation.describe(results),
+                                 validation=results, rows={"input": prepared.n_input.get(prepared.failed.epoch_id, 0)})
+            for name, r in results.items():
+                if not r["success"]:
+                    log.warning("pipeline %s epoch %s: sink %s failed validation (fail)", self.spec.name,
+                                prepared.failed.epoch_id, name)
+
+    def _record_group_commit(self, lease: Lease, prepared: PreparedGroup, commits: list[SinkCommit]) -> None:
+        epochs = prepared.committing
+        group_s = time.monotonic() - prepared.t0
+        files = sum(e.end - e.start for e in epochs)
+        sink_names = {s.spec.name for s in self.sinks}
+        versions = {c.sink: c.version for c in commits}
+        output = sum(c.rows for c in commits if c.sink in sink_names)
+        keys = {c.sink: c.keys for c in commits if c.keys}
+        records = []
+        for i, epoch in enumerate(epochs):
+            results = prepared.results.get(epoch.epoch_id, {})
+            last = i == len(epochs) - 1
+            rows: dict[str, Any] = {
+                "input": prepared.n_input.get(epoch.epoch_id, 0),
+                "rejected": prepared.n_rejected.get(epoch.epoch_id, 0),
+                "quarantined": sum(r.quarantined for r in results.values()),
+                # Output rows are counted per commit: the group's last epoch holds them.
+                "output": output if last else 0, "commit": [epochs[0].epoch_id, epochs[-1].epoch_id]}
+            if keys and last:  # Prompt's key statistics (sluice.sinks.layout), of the whole commit
+                rows["keys"] = keys
+            # The group's wall time shared by files: the controllers see seconds per file (DyBBS).
+            timings = dict(prepared.timings, epoch_s=round(group_s * (epoch.end - epoch.start) / max(files, 1), 3),
+                           group_s=round(group_s, 3), group_epochs=len(epochs))
+            records.append((epoch, versions, rows, timings, {n: r.as_dict() for n, r in results.items()} or None))
+        self.log.mark_group_committed(lease, records)
+        log.info("pipeline %s epochs %s..%s committed in one commit per table: %s", self.spec.name,
+                 epochs[0].epoch_id, epochs[-1].epoch_id,
+                 json.dumps({"commits": [describe(c) for c in commits], "timings": prepared.timings}))
 
     def _run_concurrently(self, lease: Lease, epochs: list[Epoch], level: int) -> None:
         """Compute up to ``level`` epochs at once (worker threads, one FAIR pool each), commit
@@ -188,7 +436,6 @@ class GroupRunner:
             def submit() -> None:
                 epoch = next(upcoming, None)
                 if epoch is not None:
-                    self.log.renew_lease(lease, self.spec.control.lease_ttl_s)
                     self._start_attempt(lease, epoch)
                     queue.append((epoch, pool.submit(self._prepare_in_pool, epoch, weights[epoch.epoch_id], level)))
 
@@ -207,7 +454,7 @@ class GroupRunner:
                         committed = self.commit(lease, prepared)
                         last_commit = time.monotonic()
                     except Exception as exc:
-                        self._fail(lease, epoch, exc)
+                        self._fail(lease, [epoch], exc)
                     if committed is None:
                         break
                     submit()
@@ -240,31 +487,37 @@ class GroupRunner:
                 "that is gone or unreadable)")
         self.log.start_attempt(lease, epoch)
 
-    def _fail(self, lease: Lease, epoch: Epoch, exc: Exception) -> NoReturn:
-        """Record the epoch's failure with its real cause and its files, pointing at its poison
-        record when one record alone makes the transform fail, and raise."""
+    def _fail(self, lease: Lease, epochs: list[Epoch], exc: Exception) -> NoReturn:
+        """Record the epochs' failure with its real cause and their files, pointing at the
+        poison record when one record alone makes the transform fail, and raise."""
         if isinstance(exc, FencedError):
             raise exc
+        span = replace(epochs[0], end=epochs[-1].end)
+        what = (f"epoch {span.epoch_id}" if len(epochs) == 1 else f"epochs {span.epoch_id}..{epochs[-1].epoch_id}")
+        what += f" (offsets [{span.start}, {span.end}))"
         message = _short_error(exc)
+
+        def mark(message: str) -> None:
+            for epoch in epochs:
+                self.log.mark_failed(lease, epoch, message)
+
         if isinstance(exc, SluiceError | faults.InjectedFault):
-            self.log.mark_failed(lease, epoch, message)
+            mark(message)
             raise exc
         if driver_died(exc):
             # No probe: the session is gone. Say what killed it, not the socket error it left.
-            message = (f"the Spark driver died while processing files {self._file_names(epoch)} ({message}); "
+            message = (f"the Spark driver died while processing files {self._file_names(span)} ({message}); "
                        "most often it ran out of memory: raise spark.driver.memory, or lower "
                        "source.max_record_bytes or control.epoch_files")
-            self.log.mark_failed(lease, epoch, message)
-            raise SluiceError(f"pipeline {self.spec.name!r} epoch {epoch.epoch_id} "
-                              f"(offsets [{epoch.start}, {epoch.end})) failed: {message}") from exc
-        poison = self.locate_poison(epoch)
+            mark(message)
+            raise SluiceError(f"pipeline {self.spec.name!r} {what} failed: {message}") from exc
+        poison = self.locate_poison(span)
         if poison:
             message += f" -- poison record at {poison[0]} line {poison[1]}: {poison[2][:500]}"
         else:
-            message += f" -- files {self._file_names(epoch)}"
-        self.log.mark_failed(lease, epoch, message)
-        raise SluiceError(f"pipeline {self.spec.name!r} epoch {epoch.epoch_id} "
-                          f"(offsets [{epoch.start}, {epoch.end})) failed: {message}") from exc
+            message += f" -- files {self._file_names(span)}"
+        mark(message)
+        raise SluiceError(f"pipeline {self.spec.name!r} {what} failed: {message}") from exc
 
     def _file_names(self, epoch: Epoch, limit: int = 5) -> str:
         paths = [e.path for e in self.log.manifest(self.spec.name, epoch.start, epoch.end)]
@@ -297,7 +550,7 @@ class GroupRunner:
             tagged = tag_rejected(records, self.spec)
             # One job reads the range into the cache and counts input and rejected records.
             prepared.n_input, prepared.n_rejected = tagged.agg(F.count(F.lit(1)), F.count("_reason")).first()
-            valid, prepared.rejected = split_rejected(records, self.spec, epoch, tagged)
+            valid, prepared.rejected = split_rejected(records, self.spec, epoch.generation, epoch.epoch_id, tagged)
             outputs = self._outputs(valid)
             timings["read_s"] = round(time.monotonic() - t0, 3)
             policy = self.spec.validation.policy
@@ -311,8 +564,7 @@ class GroupRunner:
                         sink.spec.name, outputs[sink.spec.name], suite, locate_rows=policy == "quarantine")
                 if bad is not None:
                     result = replace(result, quarantined=bad.count())
-                    prepared.quarantined.append((quarantine_sink(self.spec, sink.spec.name),
-                                                 quarantine_rows(bad, self.spec, sink.spec.name, epoch)))
+                    prepared.quarantined.append(quarantine_rows(bad, self.spec, sink.spec.name, epoch))
                 prepared.results[sink.spec.name] = result
                 timings[f"validate_{sink.spec.name}_s"] = round(time.monotonic() - t_val, 3)
             if materialize:
@@ -330,6 +582,8 @@ class GroupRunner:
     def commit(self, lease: Lease, prepared: PreparedEpoch) -> dict[str, Any] | None:
         """Write a prepared epoch's sinks (``_rejected`` and ``_quarantine`` first) and record
         the commit; ``None`` when it failed validation under ``fail`` (nothing written)."""
+        from functools import reduce
+
         epoch, timings, results = prepared.epoch, prepared.timings, prepared.results
         policy = self.spec.validation.policy
         recorded = {name: r.as_dict() for name, r in results.items()} or None
@@ -343,16 +597,17 @@ class GroupRunner:
                                      validation=recorded, rows={"input": prepared.n_input})
                 return None
             commits: list[SinkCommit] = []
-            writes = ([(self.rejected, prepared.rejected, True, prepared.n_rejected)]
-                      + [(q, frame, True, None) for q, frame in prepared.quarantined]
+            quarantined = ([(quarantine_sink(self.spec), reduce(lambda a, b: a.unionByName(b), prepared.quarantined),
+                             True, None)] if prepared.quarantined else [])
+            writes = ([(self.rejected, prepared.rejected, True, prepared.n_rejected)] + quarantined
                       + [(s, prepared.outputs[s.spec.name], False, prepared.counts.get(s.spec.name))
                          for s in self.sinks])
             for i, (sink, frame, skip_empty, rows) in enumerate(writes):
                 if i > 0 and any(c.version is not None for c in commits):
                     faults.maybe_fail("mid_write", epoch.epoch_id)
                 t_sink = time.monotonic()
-                commits.append(sink.write(self.spark, frame, epoch_id=epoch.epoch_id,
-                                          generation=epoch.generation, start=epoch.start, end=epoch.end,
+                commits.append(sink.write(self.spark, frame, epochs=[epoch_range(epoch)],
+                                          generation=epoch.generation, token=lease.fence,
                                           skip_empty=skip_empty, rows=rows))
                 timings[f"write_{sink.spec.name}_s"] = round(time.monotonic() - t_sink, 3)
         finally:
@@ -388,7 +643,7 @@ class GroupRunner:
         def fails(cond: Any) -> bool:
             nonlocal probes
             probes += 1
-            valid, _ = split_rejected(records.where(cond), self.spec, epoch)
+            valid, _ = split_rejected(records.where(cond), self.spec, epoch.generation, epoch.epoch_id)
             try:
                 for frame in self._outputs(valid).values():
                     frame.write.format("noop").mode("overwrite").save()
@@ -491,9 +746,22 @@ def _short_error(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text[0][:1000] if text else ''}"
 
 
-def quarantine_sink(spec: PipelineSpec, sink: str) -> DeltaSink:
-    """The quarantine table (one per pipeline) as written for ``sink``: its own txn app id."""
-    return DeltaSink(spec.name, SinkSpec.model_construct(name=f"_quarantine_{sink}", mode="append",
+def pipeline_tables(spec: PipelineSpec) -> list[DeltaSink]:
+    """Every table the pipeline writes, each once, as its writer (``_rejected``, the quarantine
+    table under one app id, the sinks)."""
+    return [rejected_sink(spec.name, spec.rejected_table), quarantine_sink(spec),
+            *[DeltaSink(spec.name, s, spec.partitioning) for s in spec.sinks]]
+
+
+def fence_tables(spark: SparkSession, spec: PipelineSpec, generation: int, token: int) -> None:
+    """Record the lease token in every existing table of the pipeline (``DeltaSink.fence``)."""
+    for table in pipeline_tables(spec):
+        table.fence(spark, generation, token)
+
+
+def quarantine_sink(spec: PipelineSpec) -> DeltaSink:
+    """The quarantine table (one per pipeline, rows of every sink): one txn app id, one commit."""
+    return DeltaSink(spec.name, SinkSpec.model_construct(name="_quarantine", mode="append",
                                                          path=spec.quarantine_table, keys=[], sums=[]))
 
 
@@ -510,18 +778,24 @@ def quarantine_rows(bad: DataFrame, spec: PipelineSpec, sink: str, epoch: Epoch)
 
 
 def write_epoch_records(spec: PipelineSpec, epoch_log: EpochLog, group: Group) -> list[str]:
-    """Human-readable JSON records of published epochs next to each table
+    """Human-readable JSON records of a group's epochs as published, next to each table
     (``<table>/_sluice/epochs/``): Delta ignores ``_``-prefixed folders. Each names the files of
-    its range, so the store (manifest included) can be rebuilt from them alone."""
+    its range, so the store (manifest included) can be rebuilt from them alone. Written before
+    the store publishes the group (and again by a retry): no crash leaves a published epoch
+    without its record."""
     written = []
     files = {e.epoch_id: [[f.path, f.size, f.mtime] for f in epoch_log.manifest(spec.name, e.start, e.end)]
              for e in group.epochs}
+    now = utcnow()
     for sink in spec.sinks:
         folder = Path(sink.path) / "_sluice" / "epochs"
         folder.mkdir(parents=True, exist_ok=True)
         for epoch in group.epochs:
+            if epoch.state not in (protocol.COMMITTED, protocol.PUBLISHED):
+                continue
+            published = replace(epoch, state=protocol.PUBLISHED, published_at=epoch.published_at or now)
             path = folder / f"{epoch.epoch_id:09d}-g{epoch.generation}.json"
-            record = dict(epoch.as_record(), sink=sink.name, version=epoch.delta_versions.get(sink.name),
+            record = dict(published.as_record(), sink=sink.name, version=epoch.delta_versions.get(sink.name),
                           files=files[epoch.epoch_id])
             _write_json(path, record)
             written.append(str(path))
@@ -543,7 +817,9 @@ def _write_json(path: Path, record: dict[str, Any]) -> None:
 
 
 def publish(spec: PipelineSpec, epoch_log: EpochLog, lease: Lease, group_id: int) -> Group:
-    """Checkpoint: the group's committed epochs become ``published``, with JSON records."""
-    group = epoch_log.finish_group(lease, group_id, protocol.PUBLISHED)
-    write_epoch_records(spec, epoch_log, group)
-    return group
+    """Checkpoint: the group's committed epochs become ``published``; their JSON records are
+    written first (idempotent), so a crash in between leaves nothing for a retry to miss."""
+    epoch_log.check_lease(lease)
+    write_epoch_records(spec, epoch_log, epoch_log.group(spec.name, group_id))
+    faults.maybe_fail("before_publish")
+    return epoch_log.finish_group(lease, group_id, protocol.PUBLISHED)

@@ -13,7 +13,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from sluice import adaptive, operations, protocol, validation
-from sluice.errors import FencedError, PipelineHaltedError
+from sluice.errors import FencedError, PipelineBusyError, PipelineHaltedError
 from sluice.runner import GroupRunner, publish
 from sluice.sources import FileSource
 from sluice.spec import PipelineSpec
@@ -130,28 +130,40 @@ def _iso(seconds: float) -> str:
     return datetime.fromtimestamp(seconds, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def _run_lease(spec: PipelineSpec, epoch_log: EpochLog, owner: str, group_id: int | None) -> Lease:
-    """The lease of the run that planned ``group_id``. A run whose group was published and
-    whose task is now re-run (cleared in Airflow) takes the lease back from an ended run of
-    the same DAG; any other run that lost its lease must stop."""
+def _run_lease(spec: PipelineSpec, epoch_log: EpochLog, owner: str, group_id: int | None,
+               alive: Callable[[str], bool] | None = None) -> Lease:
+    """The lease of the run that planned ``group_id``, under a new fencing token: every process
+    that writes the tables has its own token, so its Delta commits outrank (and fence out)
+    every earlier attempt's, this run's own retried task included.
+
+    A run whose group was published and whose task is now re-run (cleared in Airflow) takes
+    the lease back from another run of the same DAG only if that run is proven over
+    (``alive(owner)`` is False), or its lease expired; any other run that lost its lease stops."""
+    ttl = spec.control.lease_ttl_s
     try:
-        return epoch_log.current_lease(spec.name, owner)
+        epoch_log.current_lease(spec.name, owner)
     except FencedError:
         group = epoch_log.group(spec.name, group_id) if group_id is not None else None
         if group is None or group.state not in (protocol.PUBLISHED, protocol.ROLLED_BACK):
             raise
-        prefix = owner.rsplit(":", 1)[0] + ":" if owner.startswith("airflow:") else None
-        return epoch_log.acquire_lease(spec.name, owner, ttl_s=spec.control.lease_ttl_s, take_over_prefix=prefix)
+        prefix = owner.rsplit(":", 1)[0] + ":" if owner.startswith("airflow:") and alive is not None else None
+        try:
+            return epoch_log.acquire_lease(spec.name, owner, ttl_s=ttl, take_over_prefix=prefix, alive=alive)
+        except PipelineBusyError as exc:
+            raise FencedError(f"{exc} (this run's group {group_id} was published; it cannot redo it now)") from None
+    return epoch_log.acquire_lease(spec.name, owner, ttl_s=ttl)
 
 
 def run(spec: PipelineSpec, epoch_log: EpochLog, owner: str, group_id: int | None,
-        spark: SparkSession, concurrency: int | None = None) -> dict[str, Any]:
+        spark: SparkSession, concurrency: int | None = None,
+        alive: Callable[[str], bool] | None = None) -> dict[str, Any]:
     """Process the groups this run planned. Also: finish a rollback the plan step recorded (a
     backfill), or, when the run's group was published already (its task was cleared), roll
     back to that group and recompute it and every later epoch with their recorded ranges.
 
-    ``concurrency``: epochs computed at once (default: ``adaptive.concurrency_level``)."""
-    lease = _run_lease(spec, epoch_log, owner, group_id)
+    ``concurrency``: epochs computed at once under ``commit: epoch`` (default:
+    ``adaptive.concurrency_level``); ``alive``: see ``_run_lease``."""
+    lease = _run_lease(spec, epoch_log, owner, group_id, alive)
     actions = []
     pending = epoch_log.pending_rollback(spec.name)
     if pending and pending.get("owner") == owner:
@@ -165,11 +177,13 @@ def run(spec: PipelineSpec, epoch_log: EpochLog, owner: str, group_id: int | Non
             actions.append(operations.redo_group(spec, epoch_log, spark, lease, done))
             groups = epoch_log.unpublished_groups(spec.name, owner)
     runner = GroupRunner(spec, epoch_log, spark)
-    level = concurrency or adaptive.concurrency_level(spec, epoch_log)
+    # One commit per group computes the group as one Spark job: concurrent epochs are moot.
+    level = 1 if spec.commit == "group" else concurrency or adaptive.concurrency_level(spec, epoch_log)
     t0 = time.monotonic()
     ran = [runner.run(lease, g, concurrency=level).as_record() for g in groups]
     records = sum(e["rows"].get("input", 0) for g in ran for e in g["epochs"] if e["state"] == protocol.COMMITTED)
-    adaptive.record_concurrency(spec, epoch_log, level, records, time.monotonic() - t0)
+    if spec.commit == "epoch":
+        adaptive.record_concurrency(spec, epoch_log, level, records, time.monotonic() - t0)
     return {"pipeline": spec.name, "groups": ran, "rollbacks": actions, "concurrency": level}
 
 

@@ -139,6 +139,10 @@ class PipelineSpec(_Strict):
                             "rows over tasks: Spark's hash, or Prompt's skew-balancing plan")
     rejected_path: str | None = None
     quarantine_path: str | None = None
+    commit: Literal["group", "epoch"] = Field(
+        "group", description="group: one Delta commit per table per group (the group's epochs read, "
+                             "transformed and written together); epoch: one Delta version per epoch (a commit "
+                             "per table per epoch, ~1-2 s each; epochs may then run concurrently)")
     validation: ValidationSpec = ValidationSpec()
     control: ControlSpec = ControlSpec()
     spark: SparkSpec = SparkSpec()

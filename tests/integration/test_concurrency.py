@@ -47,9 +47,10 @@ def delta_commits(path: str) -> list[dict]:
 
 def concurrent_pipeline(name: str, level: int | str = 3):
     """ysb_clean without its GX suite (GX runs one validation at a time anyway; its gate has
-    its own tests), one file per epoch, six epochs per group."""
+    its own tests), one file per epoch, six epochs per group, a Delta commit per epoch (under
+    one commit per group the group is one Spark job: nothing to run concurrently)."""
     return make_pipeline(name, base="ysb_clean", **{
-        "control.epoch_files": 1, "control.group_epochs": 6, "control.concurrent_epochs": level,
+        "control.epoch_files": 1, "control.group_epochs": 6, "control.concurrent_epochs": level, "commit": "epoch",
         "sinks": [{"name": "view_events", "mode": "append",
                    "path": f"${{SLUICE_DATA_DIR}}/{name}/tables/view_events"}]})
 

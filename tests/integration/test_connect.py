@@ -50,4 +50,4 @@ def test_groups_run_through_a_warm_connect_server(spark, connect_server):
     assert [e.state for e in log.epochs(spec.name)] == [protocol.PUBLISHED] * 3
     assert_matches_oracle(spark, spec, log)
     app = protocol.sink_app_id(spec.name, spec.sinks[0].name, 0)
-    assert committed_txn_version(spark, spec.sinks[0].path, app) == 2
+    assert protocol.txn_epoch(committed_txn_version(spark, spec.sinks[0].path, app)) == 2

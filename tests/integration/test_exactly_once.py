@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -18,7 +19,6 @@ from sluice import protocol, service
 from sluice.errors import PipelineBusyError
 from sluice.faults import InjectedFault
 from sluice.paths import project_root
-from sluice.runner import GroupRunner
 from sluice.sinks.delta import committed_txn_version
 from sluice.store import EpochLog
 from tests.pipelines import assert_matches_oracle, land, make_pipeline
@@ -40,11 +40,14 @@ def run_group_process(pipeline: str, *args: str, env: dict[str, str] | None = No
 
 
 def app_txn(spark, spec, sink_path: str, sink: str) -> int | None:
-    return committed_txn_version(spark, sink_path, protocol.sink_app_id(spec.name, sink, 0))
+    """The last epoch Delta recorded for the table's generation-0 app id (None: none)."""
+    recorded = committed_txn_version(spark, sink_path, protocol.sink_app_id(spec.name, sink, 0))
+    return None if recorded is None else protocol.txn_epoch(recorded)
 
 
 def assert_crashed_at(point: str, spark, spec, epoch_log) -> None:
-    """The crash left the state the fault point describes (so the test exercises it)."""
+    """The crash left the state the fault point describes (so the test exercises it). Group
+    commit: epochs 0 and 1 are one group, so one commit per table."""
     epochs = {e.epoch_id: e for e in epoch_log.epochs(spec.name)}
     main = app_txn(spark, spec, spec.sinks[0].path, spec.sinks[0].name)
     rejected = app_txn(spark, spec, spec.rejected_table, "_rejected")
@@ -52,67 +55,151 @@ def assert_crashed_at(point: str, spark, spec, epoch_log) -> None:
         assert epochs and all(e.state in protocol.UNFINISHED for e in epochs.values())
         assert main is None, "nothing may be written after planning only"
     elif point == "mid_write":
-        assert epochs[0].state == protocol.COMMITTED and epochs[1].state in protocol.UNFINISHED
-        assert rejected == 1 and main == 0, "epoch 1: rejected table written, aggregate table not yet"
-    else:
-        assert epochs[1].state in protocol.UNFINISHED and main == 1, "epoch 1 in Delta, not in the log"
+        assert epochs[0].state in protocol.UNFINISHED and epochs[1].state in protocol.UNFINISHED
+        assert rejected == 1 and main is None, "the group's rejected table written, its aggregate table not yet"
+    elif point == "after_delta_commit":
+        assert epochs[1].state in protocol.UNFINISHED and main == 1, "epochs 0..1 in Delta, not in the log"
+    else:  # before_publish
+        assert epochs[0].state == epochs[1].state == protocol.COMMITTED
+        assert_records_complete(spec, epoch_log, states=(protocol.COMMITTED,))
 
 
-@pytest.mark.parametrize("point", ["after_plan", "mid_write", "after_delta_commit"])
-def test_sigkill_then_rerun_is_exactly_once(point, spark, epoch_log):
-    spec = make_pipeline(f"kill_{point}", **{"control.epoch_files": 2, "control.group_epochs": 3})
-    land(spec, files=6, malformed_fraction=0.03, late_fraction=0.05, late_max_s=25)
+def assert_records_complete(spec, epoch_log, states=(protocol.PUBLISHED,)) -> None:
+    """Every published epoch (of ``states``) has its JSON record next to every sink."""
+    for sink in spec.sinks:
+        folder = Path(sink.path) / "_sluice" / "epochs"
+        for e in epoch_log.epochs(spec.name):
+            if e.state in states:
+                record = folder / f"{e.epoch_id:09d}-g{e.generation}.json"
+                assert record.is_file(), f"no epoch record {record}"
+                assert json.loads(record.read_text())["state"] == protocol.PUBLISHED
+
+
+def kill_at(spec, point: str, at: int | None = 1) -> None:
     proc = run_group_process(spec.name, "--plan", "--drain",
-                             env={"SLUICE_FAULT": f"{point}@1", "SLUICE_FAULT_MODE": "kill"})
+                             env={"SLUICE_FAULT": point + (f"@{at}" if at is not None else ""),
+                                  "SLUICE_FAULT_MODE": "kill"})
     _, err = proc.communicate(timeout=300)
     assert proc.returncode == -signal.SIGKILL, f"the job was not killed at {point}: rc={proc.returncode}\n{err[-3000:]}"
+
+
+@pytest.mark.parametrize("point", ["after_plan", "mid_write", "after_delta_commit", "before_publish"])
+def test_sigkill_then_rerun_is_exactly_once(point, spark, epoch_log):
+    spec = make_pipeline(f"kill_{point}", **{"control.epoch_files": 2, "control.group_epochs": 2})
+    land(spec, files=6, malformed_fraction=0.03, late_fraction=0.05, late_max_s=25)
+    kill_at(spec, point)
     assert_crashed_at(point, spark, spec, epoch_log)
     land(spec, files=2, seed=2, malformed_fraction=0.03)  # more data arrives meanwhile
     # The dead process's lease is taken over (same host, process gone); its epochs rerun first.
     groups = service.run_once(spec, epoch_log, spark, drain=True)
-    assert groups[0]["group"]["plan"]["reason"].startswith("reprocess epochs")
+    if point != "before_publish":
+        assert groups[0]["group"]["plan"]["reason"].startswith("reprocess epochs")
     assert_matches_oracle(spark, spec, epoch_log)
     assert {e.state for e in epoch_log.epochs(spec.name)} == {protocol.PUBLISHED}
+    assert_records_complete(spec, epoch_log)
+
+
+def test_sigkill_between_the_restores_of_a_rerun(spark, epoch_log):
+    """A group commit in both tables but not in the log; the rerun that restores them is killed
+    after the first RESTORE; the next rerun still lands everything once."""
+    spec = make_pipeline("kill_reconcile", **{"control.epoch_files": 2, "control.group_epochs": 2})
+    land(spec, files=4, malformed_fraction=0.05)
+    kill_at(spec, "after_delta_commit")
+    kill_at(spec, "mid_reconcile", at=None)
+    main = committed_txn_version(spark, spec.sinks[0].path, protocol.sink_app_id(spec.name, "campaign_views", 0))
+    assert protocol.txn_token(main) >= 2, "the second run fenced the tables with its own token"
+    service.run_once(spec, epoch_log, spark, drain=True)
+    assert_matches_oracle(spark, spec, epoch_log)
+    assert_records_complete(spec, epoch_log)
 
 
 @pytest.mark.parametrize("point", ["after_plan", "mid_write", "after_delta_commit"])
-def test_injected_exception_then_rerun_is_exactly_once(point, spark, epoch_log, monkeypatch):
-    spec = make_pipeline(f"raise_{point}", **{"control.epoch_files": 2, "control.group_epochs": 2})
+def test_injected_exception_then_rerun_is_exactly_once_per_epoch_commits(point, spark, epoch_log, monkeypatch):
+    spec = make_pipeline(f"raise_{point}", **{"control.epoch_files": 2, "control.group_epochs": 2,
+                                                "commit": "epoch"})
     land(spec, files=4, malformed_fraction=0.03, late_fraction=0.05)
     monkeypatch.setenv("SLUICE_FAULT", f"{point}@1")
     with pytest.raises(InjectedFault):
         service.run_once(spec, epoch_log, spark)
-    assert_crashed_at(point, spark, spec, epoch_log)
+    epochs = {e.epoch_id: e for e in epoch_log.epochs(spec.name)}
+    main = app_txn(spark, spec, spec.sinks[0].path, spec.sinks[0].name)
+    if point == "mid_write":
+        assert epochs[0].state == protocol.COMMITTED and epochs[1].state == protocol.FAILED
+        assert app_txn(spark, spec, spec.rejected_table, "_rejected") == 1 and main == 0
+    elif point == "after_delta_commit":
+        assert epochs[1].state == protocol.FAILED and main == 1
     if point != "after_plan":
-        assert epoch_log.epochs(spec.name)[1].state == protocol.FAILED
         assert "InjectedFault" in epoch_log.epochs(spec.name)[1].error
     monkeypatch.delenv("SLUICE_FAULT")
     service.run_once(spec, epoch_log, spark, drain=True)
     assert_matches_oracle(spark, spec, epoch_log)
+    versions = {e.delta_versions["campaign_views"] for e in epoch_log.epochs(spec.name)}
+    assert len(versions) == 2, "commit: epoch gives each epoch its own Delta version"
 
 
-def test_rerunning_a_committed_epoch_changes_nothing(spark, epoch_log):
-    from sluice.sinks.delta import history
+def test_a_write_under_an_older_token_is_refused_by_delta(spark, epoch_log):
+    """Once a newer owner's token is in a table, Delta skips an older token's commit: the writer
+    gets FencedError and the table does not change."""
+    from sluice.errors import FencedError
+    from sluice.runner import pipeline_tables
+    from sluice.sinks.delta import EpochRange, history
 
-    spec = make_pipeline("rerun_committed", **{"control.epoch_files": 2, "control.group_epochs": 2})
+    spec = make_pipeline("fenced_write", **{"control.epoch_files": 2, "control.group_epochs": 2})
     land(spec, files=4, malformed_fraction=0.03)
     service.run_once(spec, epoch_log, spark, drain=True)
-    tables = [spec.sinks[0].path, spec.rejected_table]
-    versions = [history(spark, t, 1).collect()[0]["version"] for t in tables]
-    before = sorted(spark.read.format("delta").load(tables[0]).collect())
-    lease = epoch_log.acquire_lease(spec.name, "test-rerun")
+    sink = next(t for t in pipeline_tables(spec) if t.spec.name == "campaign_views")
+    old = epoch_log.acquire_lease(spec.name, "old-owner")
+    epoch_log.release_lease(old)
+    newer = epoch_log.acquire_lease(spec.name, "newer-owner")
     try:
-        runner = GroupRunner(spec, epoch_log, spark)
-        for epoch in epoch_log.epochs(spec.name):
-            result = runner.run_epoch(lease, epoch)
-            assert all(c["replayed"] for c in result["commits"] if c["version"] is not None)
-            assert result["commits"][1]["version"] == epoch.delta_versions["campaign_views"]
+        assert sink.fence(spark, 0, newer.fence) is not None
+        before = history(spark, sink.path, 1).first()["version"]
+        frame = spark.read.format("delta").load(sink.path).limit(3)
+        with pytest.raises(FencedError, match="refused by Delta"):
+            sink.write(spark, frame, epochs=[EpochRange(9, 10, 12)], generation=0, token=old.fence)
+        assert history(spark, sink.path, 1).first()["version"] == before
     finally:
-        epoch_log.release_lease(lease)
-    after = [history(spark, t, 1).collect()[0]["version"] for t in tables]
-    assert after == versions, "a rerun of committed epochs created new Delta versions"
-    assert sorted(spark.read.format("delta").load(tables[0]).collect()) == before
+        epoch_log.release_lease(newer)
     assert_matches_oracle(spark, spec, epoch_log)
+
+
+def test_a_zombie_stopped_in_its_group_commit_is_refused_after_a_take_over(spark, epoch_log):
+    """SIGSTOP a run between the two tables of its group commit until its lease expires; a new
+    owner takes over, reruns the group, rolls back and recomputes; SIGCONT: the zombie's commit
+    is refused by the table (its token is below the new owner's) and the tables equal the oracle."""
+    from sluice import operations
+
+    spec = make_pipeline("zombie", **{"control.epoch_files": 2, "control.group_epochs": 2,
+                                      "control.lease_ttl_s": 6})
+    land(spec, files=4, malformed_fraction=0.05)
+    zombie = run_group_process(spec.name, "--plan", env={"SLUICE_FAULT": "mid_write@1", "SLUICE_FAULT_MODE": "stop"})
+    try:
+        deadline = time.monotonic() + 240
+        while app_txn(spark, spec, spec.rejected_table, "_rejected") != 1:  # stopped inside its group commit
+            assert zombie.poll() is None, zombie.communicate()[1][-3000:]
+            assert time.monotonic() < deadline, "the run never reached its group commit"
+            time.sleep(0.5)
+        time.sleep(1)
+        with open(f"/proc/{zombie.pid}/stat") as fh:
+            assert fh.read().split(")")[1].split()[0] == "T", "the run is not stopped"
+        deadline = time.monotonic() + 60
+        while epoch_log.lease_holder(spec.name) is not None:  # its lease expires: no renewal while stopped
+            assert time.monotonic() < deadline
+            time.sleep(0.5)
+        service.run_once(spec, epoch_log, spark, owner="new-owner", drain=True)
+        assert_matches_oracle(spark, spec, epoch_log)
+        lease = epoch_log.acquire_lease(spec.name, "new-owner")
+        report = operations.rollback(spec, epoch_log, spark, lease, to_epoch=0, reason="zombie test", recompute=True)
+        service.run(spec, epoch_log, "new-owner", report["group_id"], spark)
+        service.validate(spec, epoch_log, "new-owner")
+        service.checkpoint(spec, epoch_log, "new-owner")
+    finally:
+        os.kill(zombie.pid, signal.SIGCONT)
+    _, err = zombie.communicate(timeout=300)
+    assert zombie.returncode != 0 and "FencedError" in err, err[-3000:]
+    assert "refused by Delta" in err or "taken over" in err, err[-3000:]
+    assert_matches_oracle(spark, spec, epoch_log)
+    assert_records_complete(spec, epoch_log)
 
 
 def test_two_concurrent_runs_one_fails_fast(spark, epoch_log):

@@ -160,15 +160,29 @@ def test_store_loss_rebuild_then_continue(spark, tmp_path):
             service.run_once(spec, epoch_log, spark)
     finally:
         del os.environ["SLUICE_FAULT"]
-    assert states(epoch_log, spec) == {0: "published", 1: "published", 2: "published", 3: "committed",
+    # One group commit: epochs 3 and 4 are in Delta, not in the log.
+    assert states(epoch_log, spec) == {0: "published", 1: "published", 2: "published", 3: "failed",
                                        4: "failed"}
     epoch_log.close()
     for f in db.parent.glob("store.db*"):
         f.unlink()
 
+    # The first rebuild is killed after loading the records, before rolling back the orphans.
+    import signal
+    import subprocess
+    import sys
+
+    from sluice.paths import project_root
+
+    proc = subprocess.run([sys.executable, str(project_root() / "jobs" / "rebuild_store.py"), "--pipeline",
+                           spec.name, "--store-url", f"sqlite:///{db}"], capture_output=True, text=True,
+                          env={**os.environ, "SLUICE_FAULT": "mid_rebuild", "SLUICE_FAULT_MODE": "kill"}, timeout=300)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr[-3000:]
     rebuilt = EpochLog(f"sqlite:///{db}")
+    with pytest.raises(PipelineHaltedError, match="store rebuild"):
+        service.run_once(spec, rebuilt, spark)
     report = operations.rebuild_store(spec, rebuilt, spark, "rebuild-test")
-    assert report["epochs"] == 3 and report["files"] == 7
+    assert report["resumed"] and report["epochs"] == 3 and report["files"] == 7
     assert report["rolled_back_orphans"] is not None, "epochs 3 and 4 were in the tables: they must go"
     assert report["generation"] == 1
     assert [(e.epoch_id, e.start, e.end, e.state) for e in rebuilt.epochs(spec.name)] == \
@@ -247,3 +261,115 @@ def test_vanished_file_halts_at_max_attempts_then_a_recorded_skip_lets_the_pipel
     assert sorted(rejected_lines(spark, spec)) == sorted(invalid_lines(remaining))
     skipped = [f for f in epoch_log.manifest(spec.name) if f.skipped]
     assert [(f.path, f.skipped.by, f.skipped.reason) for f in skipped] == [(str(victim), "ops:test", "upload lost")]
+
+
+@pytest.mark.parametrize("recompute", [True, False])
+def test_rollback_into_the_middle_of_a_group_commit(spark, epoch_log, recompute):
+    """Epochs 0..3 are one Delta commit per table; a rollback to epoch 2 restores the version
+    before that commit, recomputes epochs 0 and 1 with their recorded ranges (and 2, 3 with
+    ``recompute``; otherwise the source rewinds to epoch 2 and the next run plans it again)."""
+    spec = make_pipeline(f"in_group_{recompute}", **{"control.epoch_files": 2, "control.group_epochs": 4,
+                                                      "spark.mode": "in_process"})
+    land(spec, files=8, seed=11, malformed_fraction=0.03)
+    service.run_once(spec, epoch_log, spark)
+    before = {e.epoch_id: (e.start, e.end) for e in epoch_log.epochs(spec.name)}
+    assert len({e.delta_versions["campaign_views"] for e in epoch_log.epochs(spec.name)}) == 1, "one group commit"
+    owner = service.cli_owner()
+    lease = epoch_log.acquire_lease(spec.name, owner)
+    report = operations.rollback(spec, epoch_log, spark, lease, to_epoch=2, reason="in-group test",
+                                 recompute=recompute)
+    assert (report["to_epoch"], report["restored_to_epoch"], report["generation"]) == (2, 0, 1)
+    service.run(spec, epoch_log, owner, report["group_id"], spark)
+    service.validate(spec, epoch_log, owner)
+    service.checkpoint(spec, epoch_log, owner)
+    now = {e.epoch_id: (e.start, e.end) for e in epoch_log.epochs(spec.name)}
+    assert now[0] == before[0] and now[1] == before[1], "epochs before to_epoch keep their recorded ranges"
+    if recompute:
+        assert now == before
+    else:
+        assert set(now) == {0, 1}, "epochs 2, 3 are rolled back, not planned again"
+        service.run_once(spec, epoch_log, spark, drain=True)
+    assert epoch_log.generation(spec.name) == 1
+    assert_matches_oracle(spark, spec, epoch_log)
+
+
+def test_a_failure_after_rejected_was_written_loses_nothing_a_new_check_rejects(spark, epoch_log, monkeypatch):
+    """The group's `_rejected` commit lands, then writing the sink fails (an exception). A new
+    `checks:` rule then rejects purchases: the rerun restores `_rejected` and writes both
+    tables afresh, so every purchase ends in `_rejected` exactly once, beside the malformed
+    lines, and the sink equals the oracle."""
+    from include.generators.ysb import raw_events
+
+    overrides = {"control.epoch_files": 2, "control.group_epochs": 2, "spark.mode": "in_process"}
+    spec = make_pipeline("fix_after_partial", **overrides)
+    land(spec, files=4, seed=12, malformed_fraction=0.05)
+    monkeypatch.setenv("SLUICE_FAULT", "mid_write")
+    with pytest.raises(InjectedFault):
+        service.run_once(spec, epoch_log, spark)
+    monkeypatch.delenv("SLUICE_FAULT")
+    assert rejected_lines(spark, spec), "the group's _rejected commit landed before the failure"
+    assert states(epoch_log, spec) == {0: "failed", 1: "failed"}
+
+    checks = {**spec.source.checks, "no_purchases": "event_type <> 'purchase'"}
+    fixed = make_pipeline("fix_after_partial", **overrides, **{"source.checks": checks})
+    service.run_once(fixed, epoch_log, spark, drain=True)
+    paths = landed(spec)
+    purchases = {(p, n) for p, n, event in raw_events(paths) if event and event["event_type"] == "purchase"}
+    assert purchases, "the data holds purchases"
+    rejected = rejected_lines(spark, spec)
+    assert len(rejected) == len(set(rejected)), "a rejected record was written twice"
+    assert set(rejected) == invalid_lines(paths) | purchases
+    assert table_counts(spark, spec) == expected_window_counts(paths)
+
+
+def test_sigkill_between_the_restores_of_a_rollback(spark, epoch_log):
+    """A rollback killed after its first RESTORE leaves its intent recorded; the operator's rerun
+    of the same rollback completes it and the recompute lands the oracle."""
+    import signal
+    import subprocess
+    import sys
+
+    from sluice.paths import project_root
+
+    spec = make_pipeline("kill_rollback", **{"control.epoch_files": 2, "control.group_epochs": 2,
+                                             "spark.mode": "in_process"})
+    land(spec, files=8, seed=13, malformed_fraction=0.05)
+    service.run_once(spec, epoch_log, spark, drain=True)
+    code = ("import sys; sys.path[:0] = ['plugins', '.']\n"
+            "from sluice import operations, service\nfrom sluice.spark import get_session\n"
+            "from sluice.spec import get_spec\nfrom sluice.store import EpochLog\n"
+            f"spec = get_spec({spec.name!r}); log = EpochLog()\n"
+            "lease = log.acquire_lease(spec.name, service.cli_owner())\n"
+            "operations.rollback(spec, log, get_session('kill-rollback'), lease, to_epoch=2, reason='t', "
+            "recompute=True)\n")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=project_root(), capture_output=True, text=True,
+                          env={**__import__("os").environ, "SLUICE_FAULT": "mid_rollback", "SLUICE_FAULT_MODE": "kill"},
+                          timeout=300)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr[-3000:]
+    assert epoch_log.pending_rollback(spec.name)["to_epoch"] == 2
+    with pytest.raises(PipelineHaltedError, match="rollback"):
+        service.run_once(spec, epoch_log, spark)
+    rollback_and_recompute(spark, spec, epoch_log, to_epoch=2)
+    service.run_once(spec, epoch_log, spark, drain=True)
+    assert_matches_oracle(spark, spec, epoch_log)
+
+
+def test_a_recorded_intent_whose_preconditions_fail_is_withdrawn(spark, epoch_log):
+    """A backfill's plan step records its rollback intent before the run step can check the
+    tables; when the run then finds a precondition broken (here a file of the range is gone),
+    the refusal withdraws the intent: nothing changed, the pipeline is not left halted."""
+    spec = make_pipeline("withdrawn_intent", **{"control.epoch_files": 2, "control.group_epochs": 1,
+                                                "spark.mode": "in_process"})
+    paths = land(spec, files=4, seed=14)
+    service.run_once(spec, epoch_log, spark, drain=True)
+    owner = service.cli_owner()
+    lease = epoch_log.acquire_lease(spec.name, owner)
+    epoch_log.begin_rollback(lease, {"to_epoch": 1, "owner": owner, "reason": "backfill test"})
+    moved = paths[-1].rename(paths[-1].with_name("_away.json"))
+    with pytest.raises(operations.RollbackRefusedError, match="no longer holds"):
+        operations.rollback(spec, epoch_log, spark, lease, to_epoch=1, reason="backfill test", recompute=True)
+    epoch_log.release_lease(lease)
+    assert epoch_log.pending_rollback(spec.name) is None
+    assert epoch_log.halt_reason(spec.name, spec.control.max_attempts) is None
+    moved.rename(paths[-1])
+    assert_matches_oracle(spark, spec, epoch_log)

@@ -202,17 +202,29 @@ def test_rolled_back_is_terminal():
 # -- already_written / epochs_to_reprocess / sink_app_id ---------------------------------------
 
 
-@pytest.mark.parametrize(("recorded", "epoch", "expected"), [
-    (None, 0, False),  # the sink has never seen this app id
-    (None, 7, False),
-    (0, 0, True),
-    (5, 5, True),
-    (5, 3, True),
-    (5, 6, False),
-    (0, 1, False),
+@pytest.mark.parametrize(("recorded", "token", "epoch", "expected"), [
+    (None, 1, 0, False),  # the table has never seen this app id
+    ((1 << 32) | 1, 1, 0, True),  # the same run's epoch 0, replayed
+    ((1 << 32) | 6, 1, 3, True),  # an earlier epoch of the same token
+    ((1 << 32) | 4, 1, 5, False),  # a later epoch
+    ((1 << 32) | 6, 2, 0, False),  # a newer token writes, whatever the epoch
+    ((3 << 32), 2, 9, True),  # a newer owner's fence: an older token's write is skipped
 ])
-def test_already_written(recorded, epoch, expected):
-    assert already_written(recorded, epoch) is expected
+def test_already_written(recorded, token, epoch, expected):
+    assert already_written(recorded, token, epoch) is expected
+
+
+def test_txn_version_packs_token_and_epoch():
+    from sluice.protocol import fenced_out, txn_epoch, txn_token, txn_version
+
+    version = txn_version(7, 41)
+    assert (txn_token(version), txn_epoch(version)) == (7, 41)
+    assert txn_epoch(txn_version(7, -1)) == -1, "a fence carries no epoch"
+    assert txn_version(8, -1) > txn_version(7, 2**31), "a newer token outranks every epoch of an older one"
+    assert fenced_out(txn_version(8, -1), 7) and not fenced_out(txn_version(7, 3), 7)
+    assert not fenced_out(None, 1)
+    with pytest.raises(ProtocolError):
+        txn_version(1, 2**32)
 
 
 def test_epochs_to_reprocess_picks_unpublished_epochs_in_order():
@@ -257,3 +269,47 @@ def test_a_dead_driver_is_told_apart_from_a_failing_transform():
     assert driver_died(wrapped)
     assert driver_died(RuntimeError("java.lang.OutOfMemoryError: Java heap space"))
     assert not driver_died(ValueError("cannot resolve column campaign_id"))
+
+
+# -- first_commit_holding: which commit reconcile restores before ------------------------------
+
+
+def _commits(*specs):
+    from sluice.protocol import TableCommit
+
+    return [TableCommit(v, op, restored_to=r, app_id=a, generation=g, epochs=tuple(e)) for v, op, r, a, g, e in
+            reversed(specs)]
+
+
+def test_first_commit_holding_finds_the_oldest_commit_of_the_epochs():
+    from sluice.protocol import first_commit_holding
+
+    commits = _commits((0, "CREATE", None, None, None, ()), (1, "WRITE", None, "a", 0, (0, 1)),
+                       (2, "WRITE", None, "a", 0, (2, 3)), (3, "WRITE", None, "a", 0, ()),  # a fence
+                       (4, "WRITE", None, "a", 0, (4, 5)))
+    assert first_commit_holding(commits, "a", 0, 4) == 4
+    assert first_commit_holding(commits, "a", 0, 3) == 2
+    assert first_commit_holding(commits, "a", 0, 6) is None
+    assert first_commit_holding(commits, "b", 0, 0) is None
+
+
+def test_first_commit_holding_follows_restores():
+    from sluice.protocol import first_commit_holding
+
+    # Epochs 2..3 were written at 2, undone by the RESTORE at 3 (to 1), written again at 4.
+    commits = _commits((0, "CREATE", None, None, None, ()), (1, "WRITE", None, "a", 0, (0, 1)),
+                       (2, "WRITE", None, "a", 0, (2, 3)), (3, "RESTORE", 1, None, None, ()))
+    assert first_commit_holding(commits, "a", 0, 2) is None, "the restore undid them"
+    commits = _commits((0, "CREATE", None, None, None, ()), (1, "WRITE", None, "a", 0, (0, 1)),
+                       (2, "WRITE", None, "a", 0, (2, 3)), (3, "RESTORE", 1, None, None, ()),
+                       (4, "MERGE", None, "a", 0, (2, 3)))
+    assert first_commit_holding(commits, "a", 0, 2) == 4
+
+
+def test_first_commit_holding_stops_at_an_older_generation():
+    from sluice.protocol import first_commit_holding
+
+    commits = _commits((0, "WRITE", None, "g0", 0, (0, 1, 2)), (1, "RESTORE", 0, None, None, ()),
+                       (2, "WRITE", None, "g1", 1, (1, 2)))
+    assert first_commit_holding(commits, "g1", 1, 1) == 2
+    assert first_commit_holding(commits, "g1", 1, 3) is None

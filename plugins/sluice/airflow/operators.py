@@ -184,7 +184,7 @@ class RunGroupOperator(_PlannedGroupOperator):
         reused = SparkSession.getActiveSession() is not None  # dag.test() in a process with Spark
         spark = get_session(f"sluice-{spec.name}", extra_conf=spec.spark.conf)
         try:
-            result = service.run(spec, log, owner, planned["group_id"], spark)
+            result = service.run(spec, log, owner, planned["group_id"], spark, alive=dag_run_alive)
         except PipelineHaltedError as exc:  # attempts used up: a retry would only say so again
             raise AirflowFailException(str(exc)) from None
         finally:

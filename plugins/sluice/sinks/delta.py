@@ -1,9 +1,12 @@
-"""Idempotent Delta sinks: ``append`` and ``aggregate`` (merge-add of counts and sums).
+"""Idempotent, fenced Delta sinks: ``append`` and ``aggregate`` (merge-add of counts and sums).
 
-Every epoch is written in one Delta transaction tagged ``txnAppId = sluice:<pipeline>:<sink>:
-g<generation>``, ``txnVersion = epoch`` and ``userMetadata`` = JSON ``{pipeline, epoch,
-generation, range}``. Delta itself skips a replay whose txnVersion it has already recorded,
-and the sink checks first so that a replay can report the version that holds the epoch.
+A group's epochs (or one epoch, under ``commit: epoch``) are written in one Delta transaction
+per table, tagged ``txnAppId = sluice:<pipeline>:<table>:g<generation>``, ``txnVersion =
+token << 32 | (last epoch + 1)`` (``sluice.protocol.txn_version``: the writer's lease token
+above the epoch) and ``userMetadata`` = JSON ``{pipeline, sink, generation, token, epoch (the
+last), epochs [[id, start, end], ...], range}``. Delta itself skips a write whose txnVersion
+is not above the one it recorded: a replay of the same run, and any write of an older token
+once a newer owner's token is in the table (``DeltaSink.fence``), concurrent or not.
 
 Under Spark Connect (``sluice.spark.is_connect``) there is no JVM in this process and the
 Delta Connect server plugin is not available for Spark 4.2 / Delta 4.4, so the py4j snapshot
@@ -21,6 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from sluice import protocol
+from sluice.errors import FencedError
 from sluice.sinks import layout
 from sluice.spark import is_connect
 from sluice.spec import SinkSpec
@@ -30,6 +34,15 @@ if TYPE_CHECKING:
 
 _TXN_CONFS = ("spark.databricks.delta.write.txnAppId", "spark.databricks.delta.write.txnVersion",
               "spark.databricks.delta.commitInfo.userMetadata")
+
+
+@dataclass(frozen=True)
+class EpochRange:
+    """One epoch of a commit: its id and source range."""
+
+    epoch_id: int
+    start: int
+    end: int
 
 
 @dataclass(frozen=True)
@@ -139,7 +152,7 @@ def committed_txn_version(spark: SparkSession, path: str, app_id: str) -> int | 
         except ValueError:
             continue
         if meta and meta.get("app_id") == app_id:
-            return int(meta["epoch"])
+            return int(meta["txn_version"]) if "txn_version" in meta else int(meta["epoch"])
     return None
 
 
@@ -197,54 +210,93 @@ class DeltaSink:
     def app_id(self, generation: int) -> str:
         return protocol.sink_app_id(self.pipeline, self.spec.name, generation)
 
-    def metadata(self, epoch_id: int, generation: int, start: int, end: int) -> str:
-        return json.dumps({"pipeline": self.pipeline, "sink": self.spec.name, "epoch": epoch_id,
-                           "generation": generation, "range": [start, end],
-                           "app_id": self.app_id(generation)}, sort_keys=True)
+    def metadata(self, epochs: list[EpochRange], generation: int, token: int) -> str:
+        last = epochs[-1].epoch_id if epochs else -1
+        return json.dumps({"pipeline": self.pipeline, "sink": self.spec.name, "generation": generation,
+                           "token": token, "epoch": last, "epochs": [[e.epoch_id, e.start, e.end] for e in epochs],
+                           "range": [epochs[0].start, epochs[-1].end] if epochs else None,
+                           "app_id": self.app_id(generation),
+                           "txn_version": protocol.txn_version(token, last)}, sort_keys=True)
 
-    def write(self, spark: SparkSession, df: DataFrame, *, epoch_id: int, generation: int,
-              start: int, end: int, skip_empty: bool = False, rows: int | None = None) -> SinkCommit:
-        """Write one epoch exactly once; a replay changes nothing and reports the old version.
-        ``rows``: the frame's row count when the caller knows it already (saves a Spark job).
+    def write(self, spark: SparkSession, df: DataFrame, *, epochs: list[EpochRange], generation: int,
+              token: int, skip_empty: bool = False, rows: int | None = None) -> SinkCommit:
+        """Write ``epochs`` (contiguous, in order) in one Delta transaction, exactly once; a
+        replay changes nothing and reports the old version. ``rows``: the frame's row count
+        when the caller knows it already (saves a Spark job).
 
-        Delta itself skips a commit whose txnVersion it recorded for the app id, so the write
-        is simply attempted: if the table's version did not move, the epoch was there already
-        and its version is looked up in the history. (Asking the snapshot for the app's txn
+        Delta itself skips a commit whose txnVersion is not above the one it recorded for the
+        app id, so the write is simply attempted: if the table's version did not move, either
+        this run wrote the epochs already (its version is looked up in the history) or a newer
+        owner's fence is in the table (``FencedError``). (Asking the snapshot for the app's txn
         version first costs a state reconstruction, a Spark job of ~1 s per write, measured.)
         """
         app_id = self.app_id(generation)
+        last = epochs[-1].epoch_id
         rows = df.count() if rows is None else rows
-        if rows == 0 and skip_empty:  # the same range always yields the same rows: nothing to replay
+        if rows == 0 and skip_empty:  # the same ranges always yield the same rows: nothing to replay
             return SinkCommit(self.spec.name, None, 0, replayed=False)
         before = table_version(spark, self.path)
         if before is None:
             self._ensure_table(spark, df)
             before = table_version(spark, self.path)
-        meta = self.metadata(epoch_id, generation, start, end)
+        meta = self.metadata(epochs, generation, token)
+        version_tag = protocol.txn_version(token, last)
         n = int(spark.conf.get("spark.sql.shuffle.partitions") or 200)
         keys = None
         if self.spec.mode == "append":
             writer = df.write
             if self.spec.partition_by:
-                laid, keys = layout.by_partition_columns(df, self.spec.partition_by, self.partitioning, n, epoch_id)
+                laid, keys = layout.by_partition_columns(df, self.spec.partition_by, self.partitioning, n, last)
                 writer = laid.write.partitionBy(*self.spec.partition_by)
             (writer.format("delta").mode("append")
-             .option("txnAppId", app_id).option("txnVersion", epoch_id).option("userMetadata", meta)
+             .option("txnAppId", app_id).option("txnVersion", version_tag).option("userMetadata", meta)
              .save(self.path))
         else:
-            source, keys = layout.sums_by_key(df, self.spec.keys, self.spec.sums, self.partitioning, n, epoch_id)
-            self._merge_add(spark, source, app_id, epoch_id, meta)
+            source, keys = layout.sums_by_key(df, self.spec.keys, self.spec.sums, self.partitioning, n, last)
+            self._merge_add(spark, source, app_id, version_tag, meta)
         after = table_version(spark, self.path)
         if after is not None and before is not None and after > before:
-            # This run holds the pipeline's lease, so the new commits are its own.
-            version = find_epoch_version(spark, self.path, app_id, epoch_id, limit=after - before)
+            # This run holds the pipeline's lease and its fence is in the table: the new commits are its own.
+            version = find_epoch_version(spark, self.path, app_id, last, limit=after - before)
             if version is not None:
                 return SinkCommit(self.spec.name, version, rows, replayed=False, keys=keys)
-        version = find_epoch_version(spark, self.path, app_id, epoch_id)
+        recorded = committed_txn_version(spark, self.path, app_id)
+        if protocol.fenced_out(recorded, token):
+            raise FencedError(
+                f"pipeline {self.pipeline!r} table {self.path}: the commit of epochs {epochs[0].epoch_id}..{last} "
+                f"(lease token {token}) was refused by Delta: a newer owner's token "
+                f"{protocol.txn_token(recorded)} is in the table ({app_id}); this run must stop")
+        version = find_epoch_version(spark, self.path, app_id, last)
         if version is None:
             raise RuntimeError(f"pipeline {self.pipeline!r} sink {self.spec.name!r}: Delta recorded no commit "
-                               f"for epoch {epoch_id} ({app_id}) in {self.path}")
+                               f"for epoch {last} ({app_id}) in {self.path}")
         return SinkCommit(self.spec.name, version, rows, replayed=True, keys=keys)
+
+    def fence(self, spark: SparkSession, generation: int, token: int) -> int | None:
+        """Record ``token`` in the table under the generation's app id (an empty commit): from
+        then on Delta skips or refuses every write of an older token. Returns the fence's
+        version, or ``None`` when there is no table yet (nothing to protect)."""
+        if not is_delta_table(spark, self.path):
+            return None
+        app_id = self.app_id(generation)
+        version_tag = protocol.txn_version(token, -1)
+        recorded = committed_txn_version(spark, self.path, app_id)
+        if recorded is not None and recorded >= version_tag:
+            if protocol.fenced_out(recorded, token):
+                raise FencedError(f"pipeline {self.pipeline!r} table {self.path}: a newer owner's token "
+                                  f"{protocol.txn_token(recorded)} is in the table; lease token {token} must stop")
+            return table_version(spark, self.path)  # this token's fence (or a commit) is there already
+        meta = json.dumps({"pipeline": self.pipeline, "sink": self.spec.name, "generation": generation,
+                           "token": token, "fence": True, "epochs": [], "app_id": app_id,
+                           "txn_version": version_tag}, sort_keys=True)
+        (spark.read.format("delta").load(self.path).where("false").write.format("delta").mode("append")
+         .option("txnAppId", app_id).option("txnVersion", version_tag).option("userMetadata", meta)
+         .save(self.path))
+        recorded = committed_txn_version(spark, self.path, app_id)
+        if protocol.fenced_out(recorded, token):
+            raise FencedError(f"pipeline {self.pipeline!r} table {self.path}: a newer owner's token "
+                              f"{protocol.txn_token(recorded)} is in the table; lease token {token} must stop")
+        return table_version(spark, self.path)
 
     def _ensure_table(self, spark: SparkSession, df: DataFrame) -> None:
         if is_delta_table(spark, self.path):
@@ -260,7 +312,7 @@ class DeltaSink:
         builder = DeltaTable.createIfNotExists(spark).location(self.path).addColumns(df.schema)
         (builder.partitionedBy(*columns) if columns else builder).execute()
 
-    def _merge_add(self, spark: SparkSession, source: DataFrame, app_id: str, epoch_id: int, meta: str) -> None:
+    def _merge_add(self, spark: SparkSession, source: DataFrame, app_id: str, version_tag: int, meta: str) -> None:
         """MERGE the epoch's per-key sums (unique keys, as MERGE requires) into the table,
         adding ``sums`` on matched keys.
 
@@ -275,7 +327,7 @@ class DeltaSink:
         view = f"sluice_merge_{uuid.uuid4().hex}"  # Spark Connect: MERGE INTO ... USING a temp view
         try:
             conf.set(_TXN_CONFS[0], app_id)
-            conf.set(_TXN_CONFS[1], str(epoch_id))
+            conf.set(_TXN_CONFS[1], str(version_tag))
             conf.set(_TXN_CONFS[2], meta)
             if is_connect(spark):
                 source.createOrReplaceTempView(view)
@@ -320,3 +372,41 @@ def rejected_sink(pipeline: str, path: str) -> DeltaSink:
 
 def describe(commit: SinkCommit) -> dict[str, Any]:
     return {"sink": commit.sink, "version": commit.version, "rows": commit.rows, "replayed": commit.replayed}
+
+
+def commit_lineage(spark: SparkSession, path: str) -> list[protocol.TableCommit]:
+    """The table's retained commits, newest first, as reconcile reads them (operation, RESTORE
+    target, sluice userMetadata). A local table's ``_delta_log`` is read directly."""
+    infos: list[tuple[int, dict[str, Any]]] = []
+    if _is_local(path):
+        log_dir = Path(path.removeprefix("file:")) / "_delta_log"
+        for version in reversed(_local_versions(path)):
+            try:
+                with open(log_dir / f"{version:020d}.json") as fh:
+                    for line in fh:
+                        info = json.loads(line).get("commitInfo")
+                        if info is not None:
+                            infos.append((version, info))
+                            break
+            except (OSError, ValueError):
+                break  # a checkpoint-only version: older commits are cleaned up
+    else:
+        for row in history(spark, path).select("version", "operation", "operationParameters",
+                                               "userMetadata").collect():
+            infos.append((int(row["version"]), {"operation": row["operation"], "userMetadata": row["userMetadata"],
+                                                "operationParameters": row["operationParameters"] or {}}))
+    commits = []
+    for version, info in infos:
+        try:
+            meta = json.loads(info.get("userMetadata") or "null")
+        except ValueError:
+            meta = None
+        meta = meta if isinstance(meta, dict) else {}
+        params = info.get("operationParameters") or {}
+        restored = params.get("version") if info.get("operation") == "RESTORE" else None
+        epochs = tuple(int(e[0]) for e in meta.get("epochs") or []) or (
+            (int(meta["epoch"]),) if "epoch" in meta and "epochs" not in meta else ())
+        commits.append(protocol.TableCommit(
+            version, str(info.get("operation") or ""), int(restored) if restored not in (None, "") else None,
+            meta.get("app_id"), meta.get("generation"), epochs, int(meta.get("token") or 0)))
+    return commits

@@ -20,7 +20,9 @@ from sluice.spec import PipelineSpec
 from sluice.store import EpochLog, ManifestEntry
 
 if TYPE_CHECKING:
-    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql import Column, DataFrame, SparkSession
+
+    from sluice.sinks.delta import EpochRange
 
 
 #: What an operator can do about a file that is gone, unreadable or changed.
@@ -140,7 +142,7 @@ class FileSource:
             df = spark.read.schema(schema).parquet(*[e.path for e in entries])
             return df.select(
                 *[F.col(f"`{c}`") for c in self.spec.source.schema_],
-                F.col("_metadata.file_path").alias("_file"),
+                file_name(F.col("_metadata.file_path")).alias("_file"),
                 (F.col("_metadata.row_index") + 1).alias("_line"),
                 F.lit(None).cast("string").alias("_corrupt_record"),
                 F.lit(None).cast("string").alias("_defect"),
@@ -152,6 +154,20 @@ class FileSource:
         parts = ([split_lines(spark.read.text(small, wholetext=True))] if small else []) + (
             [number_lines(spark.read.text(large))] if large else [])
         return self.parse_lines(reduce(lambda a, b: a.unionByName(b), parts))
+
+    def read_epochs(self, spark: SparkSession, epochs: list[EpochRange]) -> DataFrame:
+        """Read a group's contiguous epochs in one scan: ``read`` of their whole range, with the
+        ``_epoch`` each record's file belongs to."""
+        from itertools import chain
+
+        from pyspark.sql import functions as F
+
+        records = self.read(spark, epochs[0].start, epochs[-1].end)
+        owner = {e.path: epoch.epoch_id for epoch in epochs for e in self.files(epoch.start, epoch.end)}
+        if len(epochs) == 1:
+            return records.withColumn("_epoch", F.lit(epochs[0].epoch_id))
+        file_epoch = F.create_map(*chain.from_iterable((F.lit(p), F.lit(i)) for p, i in owner.items()))
+        return records.withColumn("_epoch", F.element_at(file_epoch, F.col("_file")))
 
     def parse(self, files: DataFrame) -> DataFrame:
         """Parse JSON-lines or CSV files read whole (``text`` with ``wholetext``: one row per
@@ -191,7 +207,7 @@ class FileSource:
         )
         return parsed.select(
             *[F.col(f"_r.`{c}`").alias(c) for c in source.schema_],
-            F.regexp_replace("_file", "^file:", "").alias("_file"),
+            file_name(F.col("_file")).alias("_file"),
             "_line",
             # from_json yields a NULL struct for text that is not a JSON object at all.
             F.when(F.col("_r").isNull(), F.col("_text"))
@@ -204,6 +220,14 @@ class FileSource:
 WHOLE_FILE_MAX_BYTES = 8 * 1024 * 1024
 #: How much of a record above ``source.max_record_bytes`` is kept in ``_rejected``.
 RECORD_KEPT_CHARS = 1024
+
+
+def file_name(uri: Column) -> Column:
+    """The file system path of Spark's ``_metadata.file_path`` (a ``file:`` URI, %-encoded), as
+    the manifest holds it. A literal '+' stays a '+' (url_decode would make it a space)."""
+    from pyspark.sql import functions as F
+
+    return F.url_decode(F.regexp_replace(F.regexp_replace(uri, "^file:", ""), "\\+", "%2B"))
 
 
 def split_lines(files: DataFrame) -> DataFrame:

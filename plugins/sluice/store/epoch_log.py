@@ -560,6 +560,26 @@ class EpochLog:
             row.validation = validation
             row.committed_at = utcnow()
 
+    def mark_group_committed(self, lease: Lease, epochs: Sequence[tuple[Epoch, dict[str, int | None],
+                                                                        dict[str, Any], dict[str, float],
+                                                                        dict[str, Any] | None]]) -> None:
+        """Record a group commit (step 4): its epochs ``(epoch, delta versions, rows, timings,
+        validation)`` become committed together, in one store transaction."""
+        now = utcnow()
+        with self._tx() as s:
+            self._check_fence(s, lease)
+            for epoch, versions, rows, timings, validation in epochs:
+                row = s.get(EpochRow, (lease.pipeline, epoch.epoch_id, epoch.generation))
+                if row is None:
+                    raise ProtocolError(f"pipeline {lease.pipeline!r} has no epoch {epoch.epoch_id} in "
+                                        f"generation {epoch.generation}")
+                if row.state in (protocol.COMMITTED, protocol.PUBLISHED):
+                    continue
+                protocol.check_transition(row.epoch_id, row.state, protocol.COMMITTED)
+                row.state, row.error = protocol.COMMITTED, None
+                row.delta_versions, row.rows, row.timings, row.validation = versions, rows, timings, validation
+                row.committed_at = now
+
     def mark_failed(self, lease: Lease, epoch: Epoch, error: str, *, validation: dict[str, Any] | None = None,
                     rows: dict[str, int] | None = None) -> None:
         with self._tx() as s:
@@ -660,15 +680,22 @@ class EpochLog:
                 raise ProtocolError(f"pipeline {lease.pipeline!r}: {_pending_message(row.pending_rollback)}")
             row.pending_rollback = dict(details, started_at=utcnow().isoformat() + "Z")
 
+    def cancel_rollback(self, lease: Lease) -> None:
+        """Withdraw a recorded rollback intent whose restores never started."""
+        with self._tx() as s:
+            self._check_fence(s, lease).pending_rollback = None
+
     def pending_rollback(self, pipeline: str) -> dict[str, Any] | None:
         with self._tx() as s:
             return self._pipeline(s, pipeline).pending_rollback
 
     def finish_rollback(self, lease: Lease, plan: RollbackPlan, *, replan: bool, reason: str,
-                        through_epoch: int | None = None) -> tuple[int, Group | None]:
+                        through_epoch: int | None = None, replan_later: bool = True) -> tuple[int, Group | None]:
         """Roll the epoch log back: bump the generation, carry epochs before ``to_epoch`` into
         it, mark the rest ``rolled_back``; with ``replan``, plan their exact ranges again as one
-        group of this lease. Returns the new generation and that group."""
+        group of this lease (up to ``through_epoch``; the later ones as a group for a later run,
+        unless not ``replan_later``: then the source position rewinds to them). Returns the
+        new generation and that group."""
         now = utcnow()
         with self._tx() as s:
             pipe = self._check_fence(s, lease)
@@ -705,7 +732,7 @@ class EpochLog:
             group = None
             now_ids = [e.epoch_id for e in plan.rolled_back if through_epoch is None or e.epoch_id <= through_epoch]
             later = [e for e in plan.rolled_back if e.epoch_id not in now_ids]
-            if replan and later:  # planned again, for a later run (the next backfill run) to take
+            if replan and later and replan_later:  # planned again, for a later run (the next backfill run) to take
                 s.add(GroupRow(pipeline=lease.pipeline, group_id=group_id + 1, owner="rollback", fence=lease.fence,
                                first_epoch=later[0].epoch_id, last_epoch=later[-1].epoch_id,
                                state=protocol.PLANNED, planned_at=now,
@@ -737,12 +764,16 @@ class EpochLog:
                 select(func.count()).select_from(EpochRow).where(EpochRow.pipeline == pipeline)) > 0
 
     def load_records(self, pipeline: str, generation: int, files: Sequence[tuple[int, str, int, float]],
-                     epochs: Sequence[dict[str, Any]]) -> None:
+                     epochs: Sequence[dict[str, Any]], *, fence: int = 0,
+                     intent: dict[str, Any] | None = None) -> None:
         """Rebuild a lost store from published epoch records: the manifest ``(position, path,
-        size, mtime)``, the epochs (all published, in ``generation``) and their groups."""
+        size, mtime)``, the epochs (all published, in ``generation``) and their groups, in one
+        transaction; ``fence``: the last lease token the tables hold; ``intent``: a rollback
+        intent that halts the pipeline until the rebuild clears it."""
         now = utcnow()
         with self._tx() as s:
-            s.add(PipelineRow(name=pipeline, generation=generation, fence=0, created_at=now))
+            s.add(PipelineRow(name=pipeline, generation=generation, fence=fence, created_at=now,
+                              pending_rollback=dict(intent, started_at=now.isoformat() + "Z") if intent else None))
             for position, path, size, mtime in files:
                 s.add(SourceFileRow(pipeline=pipeline, position=position, path=path, size=size, mtime=mtime,
                                     discovered_at=now))
@@ -799,6 +830,9 @@ class EpochLog:
 
 
 def _pending_message(pending: dict[str, Any]) -> str:
+    if pending.get("rebuild"):
+        return (f"a store rebuild started at {pending.get('started_at')} did not finish; run `make store-rebuild "
+                "PIPELINE=<name>` (jobs/rebuild_store.py) again to complete it")
     return (f"a rollback to epoch {pending.get('to_epoch')} started at {pending.get('started_at')} did not finish "
             f"({pending.get('reason')}); trigger sluice_rollback again with the same to_epoch to complete it")
 
