@@ -7,7 +7,7 @@ class SluiceError(Exception):
     """Base class of sluice's own errors."""
 
 
-class SpecError(SluiceError):
+class SpecError(SluiceError):  # raised at parse time too, where no task runs
     """A pipeline spec is invalid: the message names the file and the field."""
 
 
@@ -19,7 +19,12 @@ class PipelineBusyError(SluiceError):
     """Another run holds the pipeline's lease: at most one group per pipeline is in flight."""
 
 
-class FencedError(SluiceError):
+class OperatorActionRequired(SluiceError):
+    """A failure no retry can fix: an operator must act (recover, roll back, skip a file, fix
+    the spec). Airflow tasks fail at once on it, without their retries."""
+
+
+class FencedError(OperatorActionRequired):
     """This run's lease was taken over by a newer run; it must stop without committing."""
 
 
@@ -27,6 +32,6 @@ class ProtocolError(SluiceError):
     """The epoch log would break an invariant (contiguity, state order)."""
 
 
-class PipelineHaltedError(SluiceError):
+class PipelineHaltedError(OperatorActionRequired):
     """The pipeline stopped on a failure an operator must look at (validation under the
     ``fail`` policy, an epoch failing repeatedly, a rollback left half done)."""

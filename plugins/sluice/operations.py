@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote, urlparse
 
 from sluice import faults, protocol
-from sluice.errors import SluiceError, SourceError
+from sluice.errors import OperatorActionRequired, SluiceError, SourceError
 from sluice.runner import write_rollback_record
 from sluice.sources import FileSource
 from sluice.spec import PipelineSpec
@@ -32,7 +32,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("sluice.operations")
 
 
-class RollbackRefusedError(SluiceError):
+class RollbackRefusedError(OperatorActionRequired):
     """A rollback's preconditions do not hold; nothing was changed."""
 
 

@@ -148,22 +148,23 @@ class TableCommit:
     token: int = 0  # the lease token of the run that wrote it (0: before tokens were recorded)
 
 
-def first_commit_holding(commits: Sequence[TableCommit], app_id: str, generation: int,
+def first_commit_holding(commits: Iterable[TableCommit], app_id: str, generation: int,
                          from_epoch: int) -> int | None:
     """The oldest commit, in the table's current lineage, in which ``app_id`` wrote any epoch
     >= ``from_epoch``; ``None`` when the table holds none of them.
 
-    ``commits`` are newest first. A RESTORE's lineage continues at the version it restored
-    (what it undid is no longer in the table). The walk stops at a commit of an older
-    generation: a generation's commits all come after the rollback that started it.
+    ``commits`` come newest first (read lazily: the walk usually stops after a few). A
+    RESTORE's lineage continues at the version it restored (what it undid is no longer in the
+    table). The walk stops at a commit of an older generation (a generation's commits all come
+    after the rollback that started it) and at one of this app id holding only older epochs.
     """
-    by_version = {c.version: c for c in commits}
     found = None
-    version = commits[0].version if commits else -1
-    while version >= 0 and version in by_version:
-        commit = by_version[version]
+    restored_to: int | None = None
+    for commit in commits:
+        if restored_to is not None and commit.version > restored_to:
+            continue  # undone by a RESTORE
         if commit.operation == "RESTORE" and commit.restored_to is not None:
-            version = commit.restored_to
+            restored_to = commit.restored_to
             continue
         if commit.app_id is not None and commit.generation is not None and commit.generation < generation:
             break
@@ -171,5 +172,4 @@ def first_commit_holding(commits: Sequence[TableCommit], app_id: str, generation
             if max(commit.epochs) < from_epoch:
                 break
             found = commit.version
-        version -= 1
     return found

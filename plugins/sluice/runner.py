@@ -223,7 +223,7 @@ class GroupRunner:
             self.spark.conf.set("spark.sql.shuffle.partitions", str(partitions))
         todo = [e for e in group.epochs if e.state not in (protocol.COMMITTED, protocol.PUBLISHED)]
         with LeaseKeeper(self.log, lease, self.spec.control.lease_ttl_s):
-            if todo and any(e.attempts > 0 for e in todo):
+            if todo and self.attempted_before(todo):
                 self.reconcile_tables(lease, todo)
             if self.spec.commit == "group" and todo:
                 self.run_group(lease, todo)
@@ -242,6 +242,19 @@ class GroupRunner:
         return self.log.group(self.spec.name, group.group_id)
 
     # -- all-or-nothing: what an earlier attempt left in the tables ----------------------------
+
+    def attempted_before(self, epochs: list[Epoch]) -> bool:
+        """Whether an earlier attempt may have written any of these epochs: one started (or
+        failed), or a table holds one (after ``sluice_recover`` reset the attempt counts). A
+        local table's log is read newest first and the walk stops within a few commits."""
+        from sluice.sinks.delta import _is_local, _local_versions, commit_lineage
+
+        if any(e.attempts > 0 or e.state == protocol.FAILED for e in epochs):
+            return True
+        generation, first = epochs[0].generation, epochs[0].epoch_id
+        return any(_is_local(t.path) and _local_versions(t.path) and protocol.first_commit_holding(
+            commit_lineage(self.spark, t.path), t.app_id(generation), generation, first) is not None
+            for t in pipeline_tables(self.spec))
 
     def reconcile_tables(self, lease: Lease, epochs: list[Epoch]) -> dict[str, int]:
         """Before an epoch that was attempted already is written again: record this run's lease
@@ -513,7 +526,10 @@ class GroupRunner:
             raise SluiceError(f"pipeline {self.spec.name!r} {what} failed: {message}") from exc
         poison = self.locate_poison(span)
         if poison:
-            message += f" -- poison record at {poison[0]} line {poison[1]}: {poison[2][:500]}"
+            holder = next((e.epoch_id for e in epochs
+                           if any(f.path == poison[0] for f in self.log.manifest(self.spec.name, e.start, e.end))),
+                          None)
+            message += f" -- poison record at {poison[0]} line {poison[1]} (epoch {holder}): {poison[2][:500]}"
         else:
             message += f" -- files {self._file_names(span)}"
         mark(message)

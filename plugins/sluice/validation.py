@@ -20,7 +20,7 @@ from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from sluice.errors import SluiceError, SpecError
+from sluice.errors import OperatorActionRequired, SpecError
 
 if TYPE_CHECKING:
     from great_expectations.core import ExpectationSuite
@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 ROW_ID = "_sluice_row"
 
 
-class ValidationFailedError(SluiceError):
+class ValidationFailedError(OperatorActionRequired):
     """An epoch's output failed its expectation suite under the ``fail`` policy."""
 
 

@@ -207,9 +207,10 @@ def test_poison_record_named_then_rejected_after_the_fix(spark, epoch_log):
     lines[n - 1] = lines[n - 1].replace('"event_time": "', '"event_time": "x', 1)
     target.write_text("\n".join(lines))
 
-    with pytest.raises(SluiceError, match=rf"epoch 1 .*poison record at {target} line {n}:"):
+    # One group commit: the group (epochs 0 and 1) fails, naming the record and its epoch.
+    with pytest.raises(SluiceError, match=rf"epochs 0\.\.1 .*poison record at {target} line {n} \(epoch 1\):"):
         service.run_once(spec, epoch_log, spark, drain=True)
-    assert states(epoch_log, spec) == {0: "committed", 1: "failed"}  # one group: epochs 0 and 1
+    assert states(epoch_log, spec) == {0: "failed", 1: "failed"}
     assert str(target) in epoch_log.epochs(spec.name)[1].error
 
     fixed = make_pipeline("poison", base="ysb_clean", **overrides)  # the shipped check rejects it
@@ -268,8 +269,8 @@ def test_rollback_into_the_middle_of_a_group_commit(spark, epoch_log, recompute)
     """Epochs 0..3 are one Delta commit per table; a rollback to epoch 2 restores the version
     before that commit, recomputes epochs 0 and 1 with their recorded ranges (and 2, 3 with
     ``recompute``; otherwise the source rewinds to epoch 2 and the next run plans it again)."""
-    spec = make_pipeline(f"in_group_{recompute}", **{"control.epoch_files": 2, "control.group_epochs": 4,
-                                                      "spark.mode": "in_process"})
+    name = "in_group_" + ("recompute" if recompute else "only")
+    spec = make_pipeline(name, **{"control.epoch_files": 2, "control.group_epochs": 4, "spark.mode": "in_process"})
     land(spec, files=8, seed=11, malformed_fraction=0.03)
     service.run_once(spec, epoch_log, spark)
     before = {e.epoch_id: (e.start, e.end) for e in epoch_log.epochs(spec.name)}

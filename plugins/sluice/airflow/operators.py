@@ -17,10 +17,9 @@ from airflow.sdk import Asset, BaseOperator
 from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
 from sluice import service
-from sluice.errors import PipelineBusyError, PipelineHaltedError, SluiceError
+from sluice.errors import OperatorActionRequired, PipelineBusyError, SluiceError
 from sluice.spec import PipelineSpec, SinkSpec, get_spec
 from sluice.store import EpochLog, store_url
-from sluice.validation import ValidationFailedError
 
 #: How long plan_group waits between tries while another run of the pipeline holds its lease.
 BUSY_WAIT_S = 15
@@ -86,7 +85,22 @@ def release_lease_on_failure(context: Any) -> None:
         log.close()
 
 
-class PlanGroupOperator(BaseOperator):
+class _SluiceOperator(BaseOperator):
+    """A sluice task: a failure no retry can fix (``OperatorActionRequired``: halted, fenced,
+    refused, failed validation) fails it at once, without its retries. Mapped here, once."""
+
+    def execute(self, context: Any) -> Any:
+        try:
+            return self.act(context)
+        except OperatorActionRequired as exc:
+            self.log.error("%s", exc)
+            raise AirflowFailException(str(exc)) from None
+
+    def act(self, context: Any) -> Any:
+        raise NotImplementedError
+
+
+class PlanGroupOperator(_SluiceOperator):
     """Reconcile and plan (write-ahead) the next group; skip the rest of the run if idle.
 
     Returns the group record (``group_id``, epochs with their ranges, the plan) and the store
@@ -103,7 +117,7 @@ class PlanGroupOperator(BaseOperator):
         self.sensor_task_id = sensor_task_id
         self.recover = recover
 
-    def execute(self, context: Any) -> dict[str, Any]:
+    def act(self, context: Any) -> dict[str, Any]:
         spec = get_spec(self.pipeline)
         params = context["params"]
         sensed = context["ti"].xcom_pull(task_ids=self.sensor_task_id) or {}
@@ -138,8 +152,6 @@ class PlanGroupOperator(BaseOperator):
                     self.log.info("%s; waiting %d s", exc, BUSY_WAIT_S)
                     time.sleep(BUSY_WAIT_S)
                     waited += BUSY_WAIT_S
-        except PipelineHaltedError as exc:
-            raise AirflowFailException(str(exc)) from None
         finally:
             log.close()
         if group is None:
@@ -153,7 +165,7 @@ class PlanGroupOperator(BaseOperator):
         return dict(group, store_url=url)
 
 
-class _PlannedGroupOperator(BaseOperator):
+class _PlannedGroupOperator(_SluiceOperator):
     """A step on the group ``plan_group`` planned in this DAG run, under this run's lease."""
 
     template_fields: Sequence[str] = ("pipeline",)
@@ -174,7 +186,7 @@ class RunGroupOperator(_PlannedGroupOperator):
 
     ui_color = "#fce3c8"
 
-    def execute(self, context: Any) -> dict[str, Any]:
+    def act(self, context: Any) -> dict[str, Any]:
         from pyspark.sql import SparkSession
 
         from sluice.spark import get_session
@@ -185,8 +197,6 @@ class RunGroupOperator(_PlannedGroupOperator):
         spark = get_session(f"sluice-{spec.name}", extra_conf=spec.spark.conf)
         try:
             result = service.run(spec, log, owner, planned["group_id"], spark, alive=dag_run_alive)
-        except PipelineHaltedError as exc:  # attempts used up: a retry would only say so again
-            raise AirflowFailException(str(exc)) from None
         finally:
             if not reused:
                 spark.stop()
@@ -200,7 +210,7 @@ class RunGroupOperator(_PlannedGroupOperator):
                 "epochs": [e["epoch_id"] for g in result["groups"] for e in g["epochs"]]}
 
 
-class _PipelineOperator(BaseOperator):
+class _PipelineOperator(_SluiceOperator):
     """An operator action on the pipeline chosen in the trigger form (``{{ params.pipeline }}``)."""
 
     template_fields: Sequence[str] = ("pipeline",)
@@ -221,7 +231,7 @@ class RollbackOperator(_PipelineOperator):
 
     ui_color = "#f4d9d9"
 
-    def execute(self, context: Any) -> dict[str, Any]:
+    def act(self, context: Any) -> dict[str, Any]:
         from pyspark.sql import SparkSession
 
         from sluice import operations
@@ -264,7 +274,7 @@ class SkipFileOperator(_PipelineOperator):
 
     ui_color = "#f4ecd9"
 
-    def execute(self, context: Any) -> dict[str, Any]:
+    def act(self, context: Any) -> dict[str, Any]:
         from sluice import operations
 
         params = context["params"]
@@ -288,14 +298,11 @@ class ValidateOperator(_PlannedGroupOperator):
 
     ui_color = "#f7e1e1"
 
-    def execute(self, context: Any) -> dict[str, Any]:
+    def act(self, context: Any) -> dict[str, Any]:
         spec, planned, owner = self.planned(context)
         log = EpochLog(planned["store_url"])
         try:
             report = service.validate(spec, log, owner)
-        except ValidationFailedError as exc:
-            self.log.error("%s", exc)
-            raise AirflowFailException(str(exc)) from None
         finally:
             log.close()
         self.log.info("Validation of %s (policy %s):\n%s", spec.name, spec.validation.policy,
@@ -309,7 +316,7 @@ class CheckpointOperator(_PlannedGroupOperator):
 
     ui_color = "#d9d2f4"
 
-    def execute(self, context: Any) -> dict[str, Any]:
+    def act(self, context: Any) -> dict[str, Any]:
         spec, planned, owner = self.planned(context)
         log = EpochLog(planned["store_url"])
         try:

@@ -30,6 +30,8 @@ from sluice.spark import is_connect
 from sluice.spec import SinkSpec
 
 if TYPE_CHECKING:
+    from collections.abc import Iterable, Iterator
+
     from pyspark.sql import DataFrame, SparkSession
 
 _TXN_CONFS = ("spark.databricks.delta.write.txnAppId", "spark.databricks.delta.write.txnVersion",
@@ -374,29 +376,29 @@ def describe(commit: SinkCommit) -> dict[str, Any]:
     return {"sink": commit.sink, "version": commit.version, "rows": commit.rows, "replayed": commit.replayed}
 
 
-def commit_lineage(spark: SparkSession, path: str) -> list[protocol.TableCommit]:
+def commit_lineage(spark: SparkSession, path: str) -> Iterator[protocol.TableCommit]:
     """The table's retained commits, newest first, as reconcile reads them (operation, RESTORE
-    target, sluice userMetadata). A local table's ``_delta_log`` is read directly."""
-    infos: list[tuple[int, dict[str, Any]]] = []
+    target, sluice userMetadata, token). A local table's ``_delta_log`` is read directly and
+    lazily, one commit file at a time."""
     if _is_local(path):
         log_dir = Path(path.removeprefix("file:")) / "_delta_log"
-        for version in reversed(_local_versions(path)):
-            try:
-                with open(log_dir / f"{version:020d}.json") as fh:
-                    for line in fh:
-                        info = json.loads(line).get("commitInfo")
-                        if info is not None:
-                            infos.append((version, info))
-                            break
-            except (OSError, ValueError):
-                break  # a checkpoint-only version: older commits are cleaned up
+
+        def infos() -> Iterator[tuple[int, dict[str, Any]]]:
+            for version in reversed(_local_versions(path)):
+                try:
+                    with open(log_dir / f"{version:020d}.json") as fh:
+                        info = next((json.loads(line)["commitInfo"] for line in fh if '"commitInfo"' in line), None)
+                except (OSError, ValueError, KeyError):
+                    return  # a checkpoint-only version: older commits are cleaned up
+                if info is not None:
+                    yield version, info
+        found: Iterable[tuple[int, dict[str, Any]]] = infos()
     else:
-        for row in history(spark, path).select("version", "operation", "operationParameters",
-                                               "userMetadata").collect():
-            infos.append((int(row["version"]), {"operation": row["operation"], "userMetadata": row["userMetadata"],
-                                                "operationParameters": row["operationParameters"] or {}}))
-    commits = []
-    for version, info in infos:
+        found = [(int(row["version"]), {"operation": row["operation"], "userMetadata": row["userMetadata"],
+                                        "operationParameters": row["operationParameters"] or {}})
+                 for row in history(spark, path).select("version", "operation", "operationParameters",
+                                                        "userMetadata").collect()]
+    for version, info in found:
         try:
             meta = json.loads(info.get("userMetadata") or "null")
         except ValueError:
@@ -406,7 +408,6 @@ def commit_lineage(spark: SparkSession, path: str) -> list[protocol.TableCommit]
         restored = params.get("version") if info.get("operation") == "RESTORE" else None
         epochs = tuple(int(e[0]) for e in meta.get("epochs") or []) or (
             (int(meta["epoch"]),) if "epoch" in meta and "epochs" not in meta else ())
-        commits.append(protocol.TableCommit(
+        yield protocol.TableCommit(
             version, str(info.get("operation") or ""), int(restored) if restored not in (None, "") else None,
-            meta.get("app_id"), meta.get("generation"), epochs, int(meta.get("token") or 0)))
-    return commits
+            meta.get("app_id"), meta.get("generation"), epochs, int(meta.get("token") or 0))

@@ -391,8 +391,8 @@ class EpochLog:
         """Leave a registered file out of its epoch on purpose, recorded (who, when, why).
 
         Epochs whose range holds the file read around it from now on, reruns and rollback
-        recomputes included. Failed epochs holding it get fresh attempts, so a pipeline halted
-        on that file runs again. Returns the entry and the epochs of the current generation
+        recomputes included. Failed epochs holding it, and the failed epochs of their groups,
+        get fresh attempts, so a pipeline halted on that file runs again. Returns the entry and the epochs of the current generation
         that hold it."""
         if not reason.strip():
             raise ProtocolError(f"pipeline {pipeline!r}: skipping {path} needs a reason (it is recorded)")
@@ -409,8 +409,11 @@ class EpochLog:
             holders = list(s.scalars(select(EpochRow).where(
                 EpochRow.pipeline == pipeline, EpochRow.generation == gen, EpochRow.state != protocol.ROLLED_BACK,
                 EpochRow.start_offset <= row.position, EpochRow.end_offset > row.position)))
-            for epoch in holders:
-                if epoch.state == protocol.FAILED:
+            # One commit per group: the other epochs of a holder's group failed with it.
+            groups = {e.group_id for e in holders if e.state == protocol.FAILED}
+            for epoch in s.scalars(select(EpochRow).where(EpochRow.pipeline == pipeline, EpochRow.generation == gen,
+                                                          EpochRow.state == protocol.FAILED)):
+                if epoch.group_id in groups:
                     epoch.attempts = 0
             s.flush()
             return ManifestEntry.of(row), [e.epoch_id for e in holders]
