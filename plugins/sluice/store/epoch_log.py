@@ -392,8 +392,8 @@ class EpochLog:
 
         Epochs whose range holds the file read around it from now on, reruns and rollback
         recomputes included. Failed epochs holding it, and the failed epochs of their groups,
-        get fresh attempts, so a pipeline halted on that file runs again. Returns the entry and the epochs of the current generation
-        that hold it."""
+        get fresh attempts, so a pipeline halted on that file runs again. Returns the entry and
+        the epochs of the current generation that hold it."""
         if not reason.strip():
             raise ProtocolError(f"pipeline {pipeline!r}: skipping {path} needs a reason (it is recorded)")
         with self._tx() as s:
