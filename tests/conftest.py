@@ -45,7 +45,9 @@ def spark():
     """The one SparkSession of the test run (a cold start costs ~10 s here)."""
     from sluice.spark import get_session
 
-    session = get_session("sluice-tests", master="local[2]")
+    # One session serves every test (many pipelines' Delta logs and caches): a 2 GiB heap
+    # leaves the 50 MB-line test the headroom a fresh run-once driver has.
+    session = get_session("sluice-tests", master="local[2]", extra_conf={"spark.driver.memory": "2g"})
     yield session
     session.stop()
 

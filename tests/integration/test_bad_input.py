@@ -28,7 +28,8 @@ def test_vanished_file_fails_clearly_then_reruns_same_range(spark, tmp_path):
     message = str(info.value)
     assert "'vanished_file'" in message and str(victim) in message and "no longer in the landing folder" in message
     epochs = log.epochs(spec.name)
-    assert epochs[0].state == protocol.COMMITTED and epochs[1].state == protocol.FAILED
+    # One commit per group: the group (epochs 0 and 1) fails as a whole, naming the file.
+    assert epochs[0].state == protocol.FAILED and epochs[1].state == protocol.FAILED
     assert str(victim) in epochs[1].error
     service.release(spec, log, "test-owner")
     shutil.move(tmp_path / victim.name, victim)

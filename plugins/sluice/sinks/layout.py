@@ -16,7 +16,8 @@ on one task. With ``partitioning: prompt`` (Abdelhamid et al., SIGMOD'20):
 4. an aggregate is computed in two phases: per (block, key) inside each partition, then per
    key over the few partial rows, which merges the fragments of split keys.
 
-The key statistics of each epoch are returned (and kept in the epoch log as ``rows["keys"]``).
+The key statistics of each write are returned (and kept in the epoch log as ``rows["keys"]`` of its
+last epoch).
 Spark's own partial aggregation already removes skew from sums and counts before their
 shuffle; Prompt pays off where rows themselves must move by key, as in a partitioned write.
 """
