@@ -377,13 +377,14 @@ class GroupRunner:
                 writes: list[tuple[DeltaSink, DataFrame | None, int | None]] = [
                     (self.rejected, prepared.rejected, n_rejected),
                     (quarantine_sink(self.spec), prepared.quarantined, quarantined)]
-                for sink in self.sinks:
-                    frame = prepared.outputs[sink.spec.name].persist()
-                    prepared.cached.append(frame)
-                    writes.append((sink, frame, frame.count()))
+                # A group without a valid record writes no sink; otherwise the sinks' rows are
+                # counted by Delta's commit metrics, not by a job of their own.
+                valid = sum(prepared.n_input.get(e.epoch_id, 0) - prepared.n_rejected.get(e.epoch_id, 0)
+                            for e in epochs)
+                writes += [(sink, prepared.outputs[sink.spec.name] if valid else None, None) for sink in self.sinks]
                 timings["compute_s"] = round(time.monotonic() - prepared.t0, 3)
                 for table, frame, rows in writes:
-                    if frame is None or not rows:
+                    if frame is None or rows == 0:
                         continue  # nothing to write: no commit
                     if commits:
                         faults.maybe_fail("mid_write", epochs[-1].epoch_id)

@@ -173,6 +173,28 @@ def _commit_metadata(path: str, version: int) -> dict[str, Any] | None:
     return None
 
 
+def commit_rows(spark: SparkSession, path: str, version: int) -> int:
+    """Rows commit ``version`` wrote, from Delta's operation metrics (an append's output rows, a
+    MERGE's source rows): no Spark job to count them first."""
+    metrics: dict[str, Any] = {}
+    if _is_local(path):
+        try:
+            with open(Path(path.removeprefix("file:")) / "_delta_log" / f"{version:020d}.json") as fh:
+                info = next((json.loads(line)["commitInfo"] for line in fh if '"commitInfo"' in line), {})
+            metrics = info.get("operationMetrics") or {}
+        except (OSError, ValueError, KeyError):
+            metrics = {}
+    else:
+        from pyspark.sql import functions as F
+
+        row = history(spark, path).where(F.col("version") == version).select("operationMetrics").first()
+        metrics = dict(row["operationMetrics"] or {}) if row is not None else {}
+    for key in ("numSourceRows", "numOutputRows"):
+        if metrics.get(key) not in (None, ""):
+            return int(metrics[key])
+    return 0
+
+
 def find_epoch_version(spark: SparkSession, path: str, app_id: str, epoch_id: int,
                        limit: int | None = None) -> int | None:
     """The Delta version whose userMetadata records ``epoch_id`` for ``app_id`` (searching the
@@ -234,18 +256,26 @@ class DeltaSink:
         """
         app_id = self.app_id(generation)
         last = epochs[-1].epoch_id
-        rows = df.count() if rows is None else rows
         if rows == 0 and skip_empty:  # the same ranges always yield the same rows: nothing to replay
             return SinkCommit(self.spec.name, None, 0, replayed=False)
         before = table_version(spark, self.path)
-        if before is None:
+        fresh = before is None
+        if fresh:  # created empty first: a rerun can always RESTORE to the version before a commit
             self._ensure_table(spark, df)
             before = table_version(spark, self.path)
         meta = self.metadata(epochs, generation, token)
         version_tag = protocol.txn_version(token, last)
         n = int(spark.conf.get("spark.sql.shuffle.partitions") or 200)
         keys = None
-        if self.spec.mode == "append":
+        if self.spec.mode == "append" or fresh:
+            # An append, or the first write of an aggregate: no key can match in the new, empty
+            # table, so the per-key sums are appended, saving MERGE's join.
+            if self.spec.mode != "append":
+                from pyspark.sql import functions as F
+
+                schema = df.schema  # the table's, as _ensure_table created it (a sum may widen a type)
+                df, keys = layout.sums_by_key(df, self.spec.keys, self.spec.sums, self.partitioning, n, last)
+                df = df.select(*[F.col(f"`{f.name}`").cast(f.dataType).alias(f.name) for f in schema.fields])
             writer = df.write
             if self.spec.partition_by:
                 laid, keys = layout.by_partition_columns(df, self.spec.partition_by, self.partitioning, n, last)
@@ -261,6 +291,7 @@ class DeltaSink:
             # This run holds the pipeline's lease and its fence is in the table: the new commits are its own.
             version = find_epoch_version(spark, self.path, app_id, last, limit=after - before)
             if version is not None:
+                rows = commit_rows(spark, self.path, version) if rows is None else rows
                 return SinkCommit(self.spec.name, version, rows, replayed=False, keys=keys)
         recorded = committed_txn_version(spark, self.path, app_id)
         if protocol.fenced_out(recorded, token):
@@ -272,6 +303,7 @@ class DeltaSink:
         if version is None:
             raise RuntimeError(f"pipeline {self.pipeline!r} sink {self.spec.name!r}: Delta recorded no commit "
                                f"for epoch {last} ({app_id}) in {self.path}")
+        rows = commit_rows(spark, self.path, version) if rows is None else rows
         return SinkCommit(self.spec.name, version, rows, replayed=True, keys=keys)
 
     def fence(self, spark: SparkSession, generation: int, token: int) -> int | None:
