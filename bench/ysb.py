@@ -4,7 +4,8 @@ plain Spark batch job, over the same files, in the same SparkSession, in the sam
     python -m bench.ysb [--quick] [--files 16] [--events-per-file 40000] [--reps 3]
 
 (a) **sluice**: ``service.run_once`` plans one group of all files at ``n`` files per epoch
-    (epoch log, manifest, lease), then runs, publishes and writes epoch records.
+    (epoch log, manifest, lease), then runs it (one scan, one Delta commit per table for the
+    whole group: ``commit: group``), publishes and writes epoch records.
 (b) **Structured Streaming**: ``readStream`` of the same folder, ``maxFilesPerTrigger = n``,
     ``trigger(availableNow=True)``, ``foreachBatch`` writing the same tables the same way
     (``txnAppId``/``txnVersion = batchId`` MERGE), with its checkpoint on the same disk.
