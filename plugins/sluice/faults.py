@@ -15,9 +15,16 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 
 POINTS = ("after_plan", "mid_write", "after_delta_commit", "mid_reconcile", "before_publish", "mid_rollback",
           "mid_rebuild")
+
+
+#: Held by the lease renewal around its store write, and by a ``stop`` fault while stopped:
+#: the injected pause then never freezes the process inside a store transaction (a zombie
+#: holding the store's write lock would block every other writer, a different failure).
+STORE_WRITE = threading.Lock()
 
 
 class InjectedFault(RuntimeError):
@@ -35,6 +42,7 @@ def maybe_fail(point: str, epoch_id: int | None = None) -> None:
     if mode == "kill":
         os.kill(os.getpid(), signal.SIGKILL)
     if mode == "stop":  # a zombie: frozen until SIGCONT, then it carries on from here
-        os.kill(os.getpid(), signal.SIGSTOP)
+        with STORE_WRITE:
+            os.kill(os.getpid(), signal.SIGSTOP)
         return
     raise InjectedFault(f"injected fault at {point} (epoch {epoch_id})")

@@ -157,11 +157,11 @@ def rollback(spec: PipelineSpec, epoch_log: EpochLog, spark: SparkSession, lease
         # An intent recorded early (a backfill's plan step cannot check table versions) whose
         # restores never started is withdrawn: the refusal changes nothing, as it says.
         pending = epoch_log.pending_rollback(spec.name)
-        if pending and pending.get("to_epoch") == plan.to_epoch and not pending.get("restoring"):
+        if pending and pending.get("to_epoch") in (plan.to_epoch, to_epoch) and not pending.get("restoring"):
             epoch_log.cancel_rollback(lease)
         raise
-    details = {"to_epoch": plan.to_epoch, "reason": reason, "owner": lease.owner, "generation": plan.generation,
-               "restoring": True}
+    details = {"to_epoch": plan.to_epoch, "requested_to_epoch": to_epoch, "reason": reason, "owner": lease.owner,
+               "generation": plan.generation, "restoring": True}
     if through_epoch is not None:
         details["through_epoch"] = through_epoch
     epoch_log.begin_rollback(lease, details)

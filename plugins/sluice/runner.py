@@ -176,7 +176,8 @@ class LeaseKeeper:
     def _renew(self) -> None:
         while not self._stop.wait(self.ttl_s / 3):
             try:
-                self.log.renew_lease(self.lease, self.ttl_s)
+                with faults.STORE_WRITE:
+                    self.log.renew_lease(self.lease, self.ttl_s)
             except FencedError as exc:
                 log.warning("%s", exc)
                 return

@@ -167,7 +167,8 @@ def run(spec: PipelineSpec, epoch_log: EpochLog, owner: str, group_id: int | Non
     actions = []
     pending = epoch_log.pending_rollback(spec.name)
     if pending and pending.get("owner") == owner:
-        actions.append(operations.rollback(spec, epoch_log, spark, lease, to_epoch=pending["to_epoch"],
+        actions.append(operations.rollback(spec, epoch_log, spark, lease,
+                                           to_epoch=pending.get("requested_to_epoch", pending["to_epoch"]),
                                            reason=pending["reason"], recompute=True,
                                            through_epoch=pending.get("through_epoch")))
     groups = epoch_log.unpublished_groups(spec.name, owner)

@@ -173,6 +173,7 @@ def test_a_zombie_stopped_in_its_group_commit_is_refused_after_a_take_over(spark
                                       "control.lease_ttl_s": 6})
     land(spec, files=4, malformed_fraction=0.05)
     zombie = run_group_process(spec.name, "--plan", env={"SLUICE_FAULT": "mid_write@1", "SLUICE_FAULT_MODE": "stop"})
+    failure: BaseException | None = None
     try:
         deadline = time.monotonic() + 240
         while app_txn(spark, spec, spec.rejected_table, "_rejected") != 1:  # stopped inside its group commit
@@ -193,9 +194,13 @@ def test_a_zombie_stopped_in_its_group_commit_is_refused_after_a_take_over(spark
         service.run(spec, epoch_log, "new-owner", report["group_id"], spark)
         service.validate(spec, epoch_log, "new-owner")
         service.checkpoint(spec, epoch_log, "new-owner")
+    except BaseException as exc:
+        failure = exc
     finally:
         os.kill(zombie.pid, signal.SIGCONT)
     _, err = zombie.communicate(timeout=300)
+    if failure is not None:  # with what the zombie said, which explains most failures here
+        raise AssertionError(f"{failure!r}\n--- the zombie's stderr (tail) ---\n{err[-4000:]}") from failure
     assert zombie.returncode != 0 and "FencedError" in err, err[-3000:]
     assert "refused by Delta" in err or "taken over" in err, err[-3000:]
     assert_matches_oracle(spark, spec, epoch_log)

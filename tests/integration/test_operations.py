@@ -264,32 +264,40 @@ def test_vanished_file_halts_at_max_attempts_then_a_recorded_skip_lets_the_pipel
     assert [(f.path, f.skipped.by, f.skipped.reason) for f in skipped] == [(str(victim), "ops:test", "upload lost")]
 
 
-@pytest.mark.parametrize("recompute", [True, False])
-def test_rollback_into_the_middle_of_a_group_commit(spark, epoch_log, recompute):
+@pytest.mark.parametrize("mode", ["recompute", "only", "backfill"])
+def test_rollback_into_the_middle_of_a_group_commit(spark, epoch_log, mode):
     """Epochs 0..3 are one Delta commit per table; a rollback to epoch 2 restores the version
     before that commit, recomputes epochs 0 and 1 with their recorded ranges (and 2, 3 with
-    ``recompute``; otherwise the source rewinds to epoch 2 and the next run plans it again)."""
-    name = "in_group_" + ("recompute" if recompute else "only")
-    spec = make_pipeline(name, **{"control.epoch_files": 2, "control.group_epochs": 4, "spark.mode": "in_process"})
+    ``recompute``; otherwise the source rewinds to epoch 2 and the next run plans it again).
+    ``backfill``: the intent to epoch 2 is recorded first (a backfill's plan step), and the run
+    step that completes it restores to epoch 0 under the same intent."""
+    spec = make_pipeline(f"in_group_{mode}", **{"control.epoch_files": 2, "control.group_epochs": 4,
+                                                "spark.mode": "in_process"})
     land(spec, files=8, seed=11, malformed_fraction=0.03)
     service.run_once(spec, epoch_log, spark)
     before = {e.epoch_id: (e.start, e.end) for e in epoch_log.epochs(spec.name)}
     assert len({e.delta_versions["campaign_views"] for e in epoch_log.epochs(spec.name)}) == 1, "one group commit"
     owner = service.cli_owner()
     lease = epoch_log.acquire_lease(spec.name, owner)
-    report = operations.rollback(spec, epoch_log, spark, lease, to_epoch=2, reason="in-group test",
-                                 recompute=recompute)
+    if mode == "backfill":
+        epoch_log.begin_rollback(lease, {"to_epoch": 2, "through_epoch": 3, "reason": "backfill test",
+                                         "owner": owner})
+        report = service.run(spec, epoch_log, owner, None, spark)["rollbacks"][0]
+    else:
+        report = operations.rollback(spec, epoch_log, spark, lease, to_epoch=2, reason="in-group test",
+                                     recompute=mode == "recompute")
+        service.run(spec, epoch_log, owner, report["group_id"], spark)
     assert (report["to_epoch"], report["restored_to_epoch"], report["generation"]) == (2, 0, 1)
-    service.run(spec, epoch_log, owner, report["group_id"], spark)
     service.validate(spec, epoch_log, owner)
     service.checkpoint(spec, epoch_log, owner)
+    assert epoch_log.pending_rollback(spec.name) is None
     now = {e.epoch_id: (e.start, e.end) for e in epoch_log.epochs(spec.name)}
     assert now[0] == before[0] and now[1] == before[1], "epochs before to_epoch keep their recorded ranges"
-    if recompute:
-        assert now == before
-    else:
+    if mode == "only":
         assert set(now) == {0, 1}, "epochs 2, 3 are rolled back, not planned again"
         service.run_once(spec, epoch_log, spark, drain=True)
+    else:
+        assert now == before
     assert epoch_log.generation(spec.name) == 1
     assert_matches_oracle(spark, spec, epoch_log)
 

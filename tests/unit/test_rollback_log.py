@@ -201,3 +201,18 @@ def test_recovery_gives_fresh_attempts_and_backfill_plans_below_an_offset(log):
     commit_all(log, lease, again)
     log.finish_group(lease, again.group_id, protocol.PUBLISHED)
     assert spans(log.plan_group(lease, epoch_size=2, k=5, until_offset=3)) == [(1, 2, 3)]
+
+
+def test_a_recorded_intent_is_continued_by_the_rollback_into_its_group_and_no_other(log):
+    """A backfill records "to epoch 3"; the run step restores to epoch 2 (3 shares epoch 2's
+    group commit) under that intent. A rollback to another epoch is refused until it is done."""
+    published_groups(log, 2)
+    lease = log.acquire_lease(P, "backfill")
+    log.begin_rollback(lease, {"to_epoch": 3, "reason": "backfill"})
+    with pytest.raises(ProtocolError, match="rollback to epoch 3 .* did not finish"):
+        log.begin_rollback(lease, {"to_epoch": 1, "requested_to_epoch": 1, "reason": "other"})
+    log.begin_rollback(lease, {"to_epoch": 2, "requested_to_epoch": 3, "reason": "backfill", "restoring": True})
+    assert log.pending_rollback(P)["to_epoch"] == 2
+    with pytest.raises(ProtocolError, match="rollback to epoch 3 .* did not finish"):
+        log.begin_rollback(lease, {"to_epoch": 1, "requested_to_epoch": 1, "reason": "other"})
+    log.begin_rollback(lease, {"to_epoch": 3, "reason": "backfill, its plan step again"})

@@ -679,7 +679,7 @@ class EpochLog:
         is planned, so a crash half way cannot let new epochs land on restored tables."""
         with self._tx() as s:
             row = self._check_fence(s, lease)
-            if row.pending_rollback and row.pending_rollback.get("to_epoch") != details.get("to_epoch"):
+            if row.pending_rollback and not _same_rollback(row.pending_rollback, details):
                 raise ProtocolError(f"pipeline {lease.pipeline!r}: {_pending_message(row.pending_rollback)}")
             row.pending_rollback = dict(details, started_at=utcnow().isoformat() + "Z")
 
@@ -832,11 +832,21 @@ class EpochLog:
         }
 
 
+def _same_rollback(pending: dict[str, Any], details: dict[str, Any]) -> bool:
+    """Whether ``details`` continue the recorded intent: the same epoch asked for, or the same
+    epoch restored to (a rollback into a group commit restores to the group's first epoch)."""
+    def targets(d: dict[str, Any]) -> set[Any]:
+        return {d.get("to_epoch"), d.get("requested_to_epoch", d.get("to_epoch"))}
+
+    return bool(targets(pending) & targets(details))
+
+
 def _pending_message(pending: dict[str, Any]) -> str:
     if pending.get("rebuild"):
         return (f"a store rebuild started at {pending.get('started_at')} did not finish; run `make store-rebuild "
                 "PIPELINE=<name>` (jobs/rebuild_store.py) again to complete it")
-    return (f"a rollback to epoch {pending.get('to_epoch')} started at {pending.get('started_at')} did not finish "
+    asked = pending.get("requested_to_epoch", pending.get("to_epoch"))
+    return (f"a rollback to epoch {asked} started at {pending.get('started_at')} did not finish "
             f"({pending.get('reason')}); trigger sluice_rollback again with the same to_epoch to complete it")
 
 
