@@ -6,6 +6,8 @@ makes the invariants unit-testable in milliseconds.
 
 from __future__ import annotations
 
+import os
+import socket
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
@@ -34,6 +36,51 @@ UNFINISHED = frozenset({PLANNED, FAILED})
 #: Epochs a run planned but did not publish: the next run takes them over as its group, before
 #: planning anything new; committed ones are not rewritten, only published.
 UNPUBLISHED = UNFINISHED | {COMMITTED}
+
+
+@dataclass(frozen=True)
+class LeaseOwner:
+    """Who holds a pipeline's lease, stored as text: ``airflow:<dag_id>:<run_id>``, one DAG run
+    (the runs of a DAG share the prefix ``airflow:<dag_id>:``), or ``cli:<host>:<pid>``, one
+    process outside Airflow. Built and parsed here only."""
+
+    kind: str  # AIRFLOW or CLI
+    scope: str  # the DAG id, or the host
+    name: str  # the run id, or the process id
+
+    AIRFLOW = "airflow"
+    CLI = "cli"
+
+    @classmethod
+    def dag_run(cls, dag_id: str, run_id: str) -> LeaseOwner:
+        return cls(cls.AIRFLOW, dag_id, run_id)
+
+    @classmethod
+    def this_process(cls) -> LeaseOwner:
+        return cls(cls.CLI, socket.gethostname(), str(os.getpid()))
+
+    @classmethod
+    def parse(cls, text: str | None) -> LeaseOwner | None:
+        kind, _, rest = (text or "").partition(":")
+        if kind == cls.AIRFLOW:
+            scope, _, name = rest.partition(":")  # a DAG id holds no ':', a run id may
+        elif kind == cls.CLI:
+            scope, _, name = rest.rpartition(":")  # the process id comes last
+        else:
+            return None
+        return cls(kind, scope, name) if scope and name else None
+
+    @staticmethod
+    def runs_of(dag_id: str) -> str:
+        """The prefix of every run of ``dag_id``: what a take-over among one DAG's runs matches."""
+        return f"{LeaseOwner.AIRFLOW}:{dag_id}:"
+
+    @property
+    def dag_prefix(self) -> str | None:
+        return self.runs_of(self.scope) if self.kind == self.AIRFLOW else None
+
+    def __str__(self) -> str:
+        return f"{self.kind}:{self.scope}:{self.name}"
 
 
 @dataclass(frozen=True)

@@ -7,8 +7,6 @@
 from __future__ import annotations
 
 import logging
-import os
-import socket
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -28,7 +26,8 @@ log = logging.getLogger("sluice.service")
 
 
 def cli_owner() -> str:
-    return f"cli:{socket.gethostname()}:{os.getpid()}"
+    """The lease owner of this process, outside Airflow."""
+    return str(protocol.LeaseOwner.this_process())
 
 
 def plan(spec: PipelineSpec, epoch_log: EpochLog, owner: str, *, epoch_size: int | None = None,
@@ -146,7 +145,8 @@ def _run_lease(spec: PipelineSpec, epoch_log: EpochLog, owner: str, group_id: in
         group = epoch_log.group(spec.name, group_id) if group_id is not None else None
         if group is None or group.state not in (protocol.PUBLISHED, protocol.ROLLED_BACK):
             raise
-        prefix = owner.rsplit(":", 1)[0] + ":" if owner.startswith("airflow:") and alive is not None else None
+        parsed = protocol.LeaseOwner.parse(owner)
+        prefix = parsed.dag_prefix if parsed is not None and alive is not None else None
         try:
             return epoch_log.acquire_lease(spec.name, owner, ttl_s=ttl, take_over_prefix=prefix, alive=alive)
         except PipelineBusyError as exc:

@@ -313,3 +313,15 @@ def test_first_commit_holding_stops_at_an_older_generation():
                        (2, "WRITE", None, "g1", 1, (1, 2)))
     assert first_commit_holding(commits, "g1", 1, 1) == 2
     assert first_commit_holding(commits, "g1", 1, 3) is None
+
+
+def test_lease_owner_round_trips_run_ids_with_colons_and_names_its_dag():
+    run = protocol.LeaseOwner.dag_run("ysb", "manual__2026-11-24T11:20:25.123+00:00")
+    assert str(run) == "airflow:ysb:manual__2026-11-24T11:20:25.123+00:00"
+    assert protocol.LeaseOwner.parse(str(run)) == run
+    assert run.dag_prefix == protocol.LeaseOwner.runs_of("ysb") == "airflow:ysb:"
+    here = protocol.LeaseOwner.this_process()
+    assert protocol.LeaseOwner.parse(str(here)) == here and here.dag_prefix is None and here.name.isdigit()
+    assert protocol.LeaseOwner.parse("cli:host.example:42").scope == "host.example"
+    for text in (None, "", "new-owner", "airflow:ysb", "job:x:1"):
+        assert protocol.LeaseOwner.parse(text) is None

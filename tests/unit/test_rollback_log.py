@@ -209,10 +209,10 @@ def test_a_recorded_intent_is_continued_by_the_rollback_into_its_group_and_no_ot
     published_groups(log, 2)
     lease = log.acquire_lease(P, "backfill")
     log.begin_rollback(lease, {"to_epoch": 3, "reason": "backfill"})
-    with pytest.raises(ProtocolError, match="rollback to epoch 3 .* did not finish"):
+    with pytest.raises(ProtocolError, match=r"rollback to epoch 3 .* did not finish"):
         log.begin_rollback(lease, {"to_epoch": 1, "requested_to_epoch": 1, "reason": "other"})
     log.begin_rollback(lease, {"to_epoch": 2, "requested_to_epoch": 3, "reason": "backfill", "restoring": True})
     assert log.pending_rollback(P)["to_epoch"] == 2
-    with pytest.raises(ProtocolError, match="rollback to epoch 3 .* did not finish"):
+    with pytest.raises(ProtocolError, match=r"rollback to epoch 3 .* did not finish"):
         log.begin_rollback(lease, {"to_epoch": 1, "requested_to_epoch": 1, "reason": "other"})
     log.begin_rollback(lease, {"to_epoch": 3, "reason": "backfill, its plan step again"})

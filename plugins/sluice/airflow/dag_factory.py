@@ -33,6 +33,7 @@ from sluice.airflow.operators import (
 )
 from sluice.airflow.sensors import BacklogSensor
 from sluice.paths import jars_dir, project_root
+from sluice.protocol import LeaseOwner
 from sluice.spark import DELTA_JAR_NAMES, RUN_ONCE_JAVA_OPTIONS, remote_url, spark_conf
 from sluice.spec import PipelineSpec
 
@@ -82,7 +83,7 @@ def build_dag(spec: PipelineSpec) -> DAG:
                 application=str(project_root() / "jobs" / "run_group.py"),
                 application_args=["--pipeline", spec.name,
                                   "--group", "{{ ti.xcom_pull(task_ids='plan_group')['group_id'] }}",
-                                  "--owner", "airflow:{{ dag.dag_id }}:{{ run_id }}"],
+                                  "--owner", str(LeaseOwner.dag_run("{{ dag.dag_id }}", "{{ run_id }}"))],
                 conn_id=spec.spark.conn_id,
                 conf=spark_conf({"spark.driver.extraJavaOptions": f"{RUN_ONCE_JAVA_OPTIONS} -Dlog4j2.configurationFile="
                                  f"file:{project_root() / 'jobs' / 'log4j2.properties'}", **spec.spark.conf}),

@@ -18,6 +18,7 @@ from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
 from sluice import service
 from sluice.errors import OperatorActionRequired, PipelineBusyError, SluiceError
+from sluice.protocol import LeaseOwner
 from sluice.spec import PipelineSpec, SinkSpec, get_spec
 from sluice.store import EpochLog, store_url
 
@@ -30,21 +31,20 @@ PLAN_KEYS = ("partitions", "fired_at", "rate_rps", "file_rate", "predicted_wall_
 
 def lease_owner(dag_id: str, run_id: str) -> str:
     """Lease owner of one DAG run. Runs of one DAG share the prefix ``airflow:<dag_id>:``."""
-    return f"airflow:{dag_id}:{run_id}"
+    return str(LeaseOwner.dag_run(dag_id, run_id))
 
 
 def dag_run_alive(owner: str) -> bool:
     """Whether the DAG run behind a lease owner ``airflow:<dag_id>:<run_id>`` is still queued or
     running, asked through the Task SDK (a task never reads Airflow's database itself). When
     Airflow cannot say, the run counts as alive: the lease then only goes once it expires."""
-    kind, _, rest = owner.partition(":")
-    dag_id, _, run_id = rest.partition(":")
-    if kind != "airflow" or not run_id:
+    parsed = LeaseOwner.parse(owner)
+    if parsed is None or parsed.kind != LeaseOwner.AIRFLOW:
         return False
     try:
         from airflow.sdk.execution_time.task_runner import RuntimeTaskInstance
 
-        state = RuntimeTaskInstance.get_dagrun_state(dag_id=dag_id, run_id=run_id)
+        state = RuntimeTaskInstance.get_dagrun_state(dag_id=parsed.scope, run_id=parsed.name)
     except Exception:
         return True
     return str(getattr(state, "value", state)) in ("queued", "running")
@@ -130,7 +130,7 @@ class PlanGroupOperator(_SluiceOperator):
             start, end = backfill_interval(context, spec.schedule)
             interval = (start.timestamp(), end.timestamp())
             self.log.info("Backfill run: recomputing the epochs whose data arrived in [%s, %s)", start, end)
-        take_over = f"airflow:{spec.name}:" if self.recover and params.get("take_over") else f"airflow:{dag_id}:"
+        take_over = LeaseOwner.runs_of(spec.name if self.recover and params.get("take_over") else dag_id)
         # An operator's take_over means "none of the pipeline's runs is going": no liveness check.
         alive = None if self.recover and params.get("take_over") else dag_run_alive
         extra = {key: sensed[key] for key in PLAN_KEYS if sensed.get(key) is not None}
@@ -245,8 +245,8 @@ class RollbackOperator(_PipelineOperator):
         reused = SparkSession.getActiveSession() is not None
         spark = None
         try:
-            lease = log.acquire_lease(spec.name, owner, ttl_s=spec.control.lease_ttl_s,
-                                      take_over_prefix=f"airflow:{spec.name}:" if params.get("take_over") else None)
+            take_over = LeaseOwner.runs_of(spec.name) if params.get("take_over") else None
+            lease = log.acquire_lease(spec.name, owner, ttl_s=spec.control.lease_ttl_s, take_over_prefix=take_over)
             try:
                 spark = get_session(f"sluice-rollback-{spec.name}", extra_conf=spec.spark.conf)
                 report = operations.rollback(spec, log, spark, lease, to_epoch=int(params["to_epoch"]),

@@ -68,14 +68,12 @@ def _airflow_connection_url() -> str | None:
 
 def _dead_local_process(owner: str | None) -> bool:
     """A command-line owner ``cli:<host>:<pid>`` on this host whose process has exited."""
-    import socket
-
-    kind, _, rest = (owner or "").partition(":")
-    host, _, pid = rest.rpartition(":")
-    if kind != "cli" or host != socket.gethostname() or not pid.isdigit():
+    parsed = protocol.LeaseOwner.parse(owner)
+    here = protocol.LeaseOwner.this_process()
+    if parsed is None or parsed.kind != here.kind or parsed.scope != here.scope or not parsed.name.isdigit():
         return False
     try:
-        os.kill(int(pid), 0)
+        os.kill(int(parsed.name), 0)
     except ProcessLookupError:
         return True
     except PermissionError:
