@@ -251,6 +251,20 @@ def xcom(client: httpx.Client, dag_id: str, run_id: str, task_id: str, key: str 
     return r.json()["value"]
 
 
+def task_process(ti_id: str) -> psutil.Process | None:
+    """The process running a task instance: Airflow titles it ``airflow worker -- <ti id>``
+    (its supervisor's title names the workload, not the id). Found by that title among all
+    processes, since ``setproctitle`` can overwrite the environment that carries the marker;
+    the id is a UUID, so no other server's task matches."""
+    for p in psutil.process_iter():
+        try:
+            if " ".join(p.cmdline()).strip().endswith(f"-- {ti_id}"):
+                return p
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            continue
+    return None
+
+
 def wait_for_run(server: Server, client: httpx.Client, dag_id: str, index: int, timeout: float) -> dict[str, Any]:
     """The ``index``-th run (0 = first) of the DAG, once it exists."""
 

@@ -276,26 +276,47 @@ def test_clearing_a_past_group_rolls_back_and_recomputes(pipelines, server, spar
 def test_backfill_recomputes_the_epochs_that_arrived_in_its_intervals(pipelines, server, spark):
     """A @daily pipeline processes six files that landed over three days; an Airflow backfill
     over two of the days recomputes the epochs whose data arrived in them, and the epochs that
-    share their Delta commit (one commit per group)."""
+    share their Delta commit (one commit per group).
+
+    The backfill is started while the scheduled run is in its group (its ``run_group`` task is
+    SIGSTOPped to hold it there): the backfill waits for the pipeline, takes nothing from the
+    live run, and goes on once that run has published."""
     backfill = pipelines[2]
     log = EpochLog()
     with server.client() as client, dump_on_failure(server, (BACKFILL,)):
+        standalone.wait_healthy(server, client, timeout=180)  # at once when an earlier test waited
+        standalone.wait_for_dag(server, client, BACKFILL, timeout=120)
         standalone.set_paused(client, BACKFILL, False)  # catchup off: one run, for the latest day
         first = standalone.wait_for_run(server, client, BACKFILL, 0, timeout=90)
+        run_group = standalone.wait_for_task_state(server, client, BACKFILL, first["dag_run_id"], "run_group",
+                                                   {"running"}, timeout=300)
+        task = standalone.wait_for(lambda: standalone.task_process(run_group["id"]), 30,
+                                   f"the process of {BACKFILL}/run_group", server=server)
+        task.suspend()  # SIGSTOP: the scheduled run holds the pipeline's lease, mid-group
+        try:
+            body = {"dag_id": BACKFILL, "from_date": "2026-11-19T00:00:00Z", "to_date": "2026-11-20T00:00:00Z",
+                    "max_active_runs": 1, "reprocess_behavior": "none"}
+            for _ in range(10):  # 503 means Airflow's SQLite metadata DB was locked: retry, as documented
+                r = client.post("/api/v2/backfills", json=body)
+                if r.status_code != 503:
+                    break
+                time.sleep(3)
+            r.raise_for_status()
+            backfill_id = r.json()["id"]
+            first_backfill = "backfill__2026-11-19T00:00:00+00:00"
+            owner = str(protocol.LeaseOwner.dag_run(BACKFILL, first["dag_run_id"]))
+
+            def waits() -> bool:  # its plan_group logs that the live run holds the lease, and waits
+                text = task_log(server, BACKFILL, first_backfill, "plan_group")
+                return "is busy: its lease is held by" in text and owner in text
+
+            standalone.wait_for(waits, 120, "the backfill's plan_group to find the pipeline busy", server=server)
+        finally:
+            task.resume()
         states = standalone.wait_for_run_state(server, client, BACKFILL, first["dag_run_id"], timeout=300)
         assert all(states[t] == "success" for t in GROUP_TASKS), states
-        assert [(e.epoch_id, e.start, e.end) for e in log.epochs(BACKFILL)] == [(0, 0, 2), (1, 2, 4), (2, 4, 6)]
-        assert_matches_oracle(spark, backfill, log)
-
-        body = {"dag_id": BACKFILL, "from_date": "2026-11-19T00:00:00Z", "to_date": "2026-11-20T00:00:00Z",
-                "max_active_runs": 1, "reprocess_behavior": "none"}
-        for _ in range(10):  # 503 means Airflow's SQLite metadata DB was locked: retry, as documented
-            r = client.post("/api/v2/backfills", json=body)
-            if r.status_code != 503:
-                break
-            time.sleep(3)
-        r.raise_for_status()
-        backfill_id = r.json()["id"]
+        assert [(e.epoch_id, e.start, e.end) for e in log.epochs(BACKFILL, generation=0)] == [(0, 0, 2), (1, 2, 4),
+                                                                                              (2, 4, 6)]
 
         def finished() -> dict | None:
             got = client.get(f"/api/v2/backfills/{backfill_id}")
@@ -304,7 +325,7 @@ def test_backfill_recomputes_the_epochs_that_arrived_in_its_intervals(pipelines,
             done = got.json()["completed_at"] and runs and all(run["state"] in ("success", "failed") for run in runs)
             return runs if done else None
 
-        runs = standalone.wait_for(finished, 400, f"backfill {backfill_id} of {BACKFILL}", interval=3,
+        runs = standalone.wait_for(finished, 600, f"backfill {backfill_id} of {BACKFILL}", interval=3,
                                    server=server)
         for run in runs:
             report(client, BACKFILL, run["dag_run_id"])
