@@ -23,7 +23,7 @@ from sluice.errors import OperatorActionRequired, SluiceError, SourceError
 from sluice.runner import write_rollback_record
 from sluice.sources import FileSource
 from sluice.spec import PipelineSpec
-from sluice.store import EpochLog, Group, Lease
+from sluice.store import EpochLog, Group, Lease, records
 from sluice.store.epoch_log import RollbackPlan, utcnow
 
 if TYPE_CHECKING:
@@ -224,35 +224,6 @@ def epochs_arrived(spec: PipelineSpec, epoch_log: EpochLog, start: float, end: f
 
 # -- rebuilding the store ----------------------------------------------------------------------
 
-def read_records(spec: PipelineSpec) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """Epoch and rollback records found next to the pipeline's sinks."""
-    epochs, rollbacks = [], []
-    for sink in spec.sinks:
-        folder = Path(sink.path) / "_sluice"
-        for path in sorted((folder / "epochs").glob("*.json")):
-            epochs.append(json.loads(path.read_text()))
-        for path in sorted((folder / "rollbacks").glob("*.json")):
-            rollbacks.append(json.loads(path.read_text()))
-    return epochs, rollbacks
-
-
-def live_records(epochs: list[dict[str, Any]], rollbacks: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The published epochs a rebuilt store must hold: for each epoch id the newest record not
-    undone by a later rollback (one to generation g at epoch r undoes records of generations
-    below g for epochs >= r; r is where its RESTORE went, before ``to_epoch`` when that fell
-    inside a group commit)."""
-    best: dict[int, dict[str, Any]] = {}
-    for rec in epochs:
-        undone = any(rb["generation"] > rec["generation"]
-                     and rec["epoch_id"] >= rb.get("restored_to_epoch", rb["to_epoch"]) for rb in rollbacks)
-        if undone:
-            continue
-        current = best.get(rec["epoch_id"])
-        if current is None or rec["generation"] > current["generation"]:
-            best[rec["epoch_id"]] = rec
-    return [best[i] for i in sorted(best)]
-
-
 def rebuild_store(spec: PipelineSpec, epoch_log: EpochLog, spark: SparkSession, owner: str) -> dict[str, Any]:
     """Rebuild a lost store from the records, then undo anything the tables hold beyond the
     last published epoch (a group that committed but did not publish before the loss).
@@ -269,20 +240,23 @@ def rebuild_store(spec: PipelineSpec, epoch_log: EpochLog, spark: SparkSession, 
     if epoch_log.has_pipeline(spec.name) and not resuming:
         raise SluiceError(f"pipeline {spec.name!r}: the epoch store at {epoch_log.url} already holds this "
                           "pipeline; rebuild only into an empty store")
-    epochs, rollbacks = read_records(spec)
-    live = live_records(epochs, rollbacks)
-    protocol.check_contiguous((r["epoch_id"], r["start"], r["end"]) for r in live)
-    generation = max([r["generation"] for r in epochs] + [r["generation"] for r in rollbacks], default=0)
+    try:
+        epochs, rollbacks = records.read([s.path for s in spec.sinks])
+    except records.RecordError as exc:
+        raise SluiceError(f"pipeline {spec.name!r}: {exc}") from None
+    live = records.live(epochs, rollbacks)
+    protocol.check_contiguous((r.epoch_id, r.start, r.end) for r in live)
+    generation = max([r.generation for r in epochs] + [r.generation for r in rollbacks], default=0)
     files = []
     for r in live:
-        if len(r["files"]) != r["end"] - r["start"]:
-            raise SluiceError(f"pipeline {spec.name!r}: the record of epoch {r['epoch_id']} lists "
-                              f"{len(r['files'])} files for offsets [{r['start']}, {r['end']})")
-        files += [(r["start"] + i, path, size, mtime) for i, (path, size, mtime) in enumerate(r["files"])]
+        if len(r.files) != r.end - r.start:
+            raise SluiceError(f"pipeline {spec.name!r}: the record {r.path} of epoch {r.epoch_id} lists "
+                              f"{len(r.files)} files for offsets [{r.start}, {r.end})")
+        files += [(r.start + i, path, size, mtime) for i, (path, size, mtime) in enumerate(r.files)]
     if not resuming:
         token = max((c.token for t in pipeline_tables(spec) if is_delta_table(spark, t.path)
                      for c in commit_lineage(spark, t.path)), default=0)
-        epoch_log.load_records(spec.name, generation, files, live, fence=token,
+        epoch_log.load_records(spec.name, generation, files, [r.fields for r in live], fence=token,
                                intent={"to_epoch": len(live), "rebuild": True, "owner": owner,
                                        "reason": "store rebuild in progress: run the rebuild again to finish it"})
     report: dict[str, Any] = {"pipeline": spec.name, "generation": generation, "epochs": len(live),

@@ -24,7 +24,7 @@ from sluice.sinks.delta import DeltaSink, EpochRange, SinkCommit, describe, reje
 from sluice.sources import FileSource
 from sluice.spark import is_connect
 from sluice.spec import PipelineSpec, SinkSpec
-from sluice.store import Epoch, EpochLog, Group, Lease
+from sluice.store import Epoch, EpochLog, Group, Lease, records
 from sluice.store.epoch_log import utcnow
 
 if TYPE_CHECKING:
@@ -548,12 +548,6 @@ class GroupRunner:
             outputs = {self.sinks[0].spec.name: outputs}
         return outputs
 
-    def run_epoch(self, lease: Lease, epoch: Epoch) -> dict[str, Any] | None:
-        """Read, transform, validate and write one epoch; returns what it wrote, or ``None``
-        when it failed validation under the ``fail`` policy (nothing written)."""
-        self._start_attempt(lease, epoch)
-        return self.commit(lease, self.prepare(epoch))
-
     def prepare(self, epoch: Epoch, materialize: bool = False) -> PreparedEpoch:
         """Read the range, split off rejected records, transform and validate: everything
         before the first commit. With ``materialize`` the outputs are computed and cached
@@ -796,42 +790,31 @@ def quarantine_rows(bad: DataFrame, spec: PipelineSpec, sink: str, epoch: Epoch)
 
 
 def write_epoch_records(spec: PipelineSpec, epoch_log: EpochLog, group: Group) -> list[str]:
-    """Human-readable JSON records of a group's epochs as published, next to each table
-    (``<table>/_sluice/epochs/``): Delta ignores ``_``-prefixed folders. Each names the files of
-    its range, so the store (manifest included) can be rebuilt from them alone. Written before
-    the store publishes the group (and again by a retry): no crash leaves a published epoch
-    without its record."""
+    """The JSON records of a group's epochs as published, next to each table
+    (``sluice.store.records``). Each names the files of its range, so the store (manifest
+    included) can be rebuilt from them alone. Written before the store publishes the group (and
+    again by a retry): no crash leaves a published epoch without its record."""
     written = []
     files = {e.epoch_id: [[f.path, f.size, f.mtime] for f in epoch_log.manifest(spec.name, e.start, e.end)]
              for e in group.epochs}
     now = utcnow()
     for sink in spec.sinks:
-        folder = Path(sink.path) / "_sluice" / "epochs"
-        folder.mkdir(parents=True, exist_ok=True)
         for epoch in group.epochs:
             if epoch.state not in (protocol.COMMITTED, protocol.PUBLISHED):
                 continue
             published = replace(epoch, state=protocol.PUBLISHED, published_at=epoch.published_at or now)
-            path = folder / f"{epoch.epoch_id:09d}-g{epoch.generation}.json"
-            record = dict(published.as_record(), sink=sink.name, version=epoch.delta_versions.get(sink.name),
-                          files=files[epoch.epoch_id])
-            _write_json(path, record)
+            path = records.write_epoch(sink.path, dict(published.as_record(), sink=sink.name,
+                                                        version=epoch.delta_versions.get(sink.name),
+                                                        files=files[epoch.epoch_id]))
             written.append(str(path))
     return written
 
 
 def write_rollback_record(spec: PipelineSpec, record: dict[str, Any]) -> None:
-    """Note a rollback next to each table (``_sluice/rollbacks/g<new generation>.json``): a
-    store rebuilt from the epoch records must not revive the epochs it rolled back."""
+    """Note a rollback next to each table: a store rebuilt from the epoch records must not
+    revive the epochs it rolled back."""
     for sink in spec.sinks:
-        _write_json(Path(sink.path) / "_sluice" / "rollbacks" / f"g{record['generation']}.json", record)
-
-
-def _write_json(path: Path, record: dict[str, Any]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name("." + path.name)
-    tmp.write_text(json.dumps(record, indent=2, sort_keys=True, default=str))
-    tmp.replace(path)
+        records.write_rollback(sink.path, record)
 
 
 def publish(spec: PipelineSpec, epoch_log: EpochLog, lease: Lease, group_id: int) -> Group:

@@ -127,17 +127,19 @@ def test_load_records_rebuilds_manifest_epochs_and_groups(log):
 
 
 def test_live_records_drop_what_a_later_rollback_undid():
-    from sluice.operations import live_records
+    from sluice.store.records import EpochRecord, RollbackRecord, live
 
-    def rec(epoch: int, gen: int) -> dict:
-        return {"epoch_id": epoch, "generation": gen, "start": epoch, "end": epoch + 1}
+    def rec(epoch: int, gen: int) -> EpochRecord:
+        return EpochRecord(Path(f"e{epoch}-g{gen}"), epoch, gen, epoch, epoch + 1, (), {})
+
+    def rollback(gen: int, to_epoch: int) -> RollbackRecord:
+        return RollbackRecord(Path(f"g{gen}"), gen, to_epoch, to_epoch, {})
 
     epochs = [rec(0, 0), rec(1, 0), rec(2, 0), rec(3, 0), rec(2, 1), rec(3, 2)]
-    rollbacks = [{"generation": 1, "to_epoch": 2}, {"generation": 2, "to_epoch": 3}]
-    live = live_records(epochs, rollbacks)
-    assert [(r["epoch_id"], r["generation"]) for r in live] == [(0, 0), (1, 0), (2, 1), (3, 2)]
+    live_set = live(epochs, [rollback(1, 2), rollback(2, 3)])
+    assert [(r.epoch_id, r.generation) for r in live_set] == [(0, 0), (1, 0), (2, 1), (3, 2)]
     # A rollback with no recompute yet: epochs >= 1 are gone from the live set.
-    assert [r["epoch_id"] for r in live_records(epochs[:4], [{"generation": 1, "to_epoch": 1}])] == [0]
+    assert [r.epoch_id for r in live(epochs[:4], [rollback(1, 1)])] == [0]
 
 
 # -- epoch history, skipped files, attempts ------------------------------------------------------
