@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from sluice import adaptive, operations, protocol, validation
@@ -15,7 +16,7 @@ from sluice.errors import FencedError, PipelineBusyError, PipelineHaltedError
 from sluice.runner import GroupRunner, publish
 from sluice.sources import FileSource
 from sluice.spec import PipelineSpec
-from sluice.store import EpochLog, Lease
+from sluice.store import EpochLog, Group, Lease
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -23,6 +24,58 @@ if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
 log = logging.getLogger("sluice.service")
+
+
+@dataclass(frozen=True)
+class PlannedEpoch:
+    """One epoch of a planned group: its write-ahead range of source offsets."""
+
+    epoch_id: int
+    generation: int
+    start: int
+    end: int
+    state: str
+
+
+@dataclass(frozen=True)
+class PlannedRollback:
+    """A rollback the plan step recorded (a backfill's): the run step performs it."""
+
+    to_epoch: int
+    through_epoch: int
+
+
+@dataclass(frozen=True)
+class GroupPlan:
+    """What the plan step hands to the next ones (in Airflow through XCom, as ``as_xcom()``):
+    the group it planned, or a rollback it recorded (then ``group_id`` is ``None``)."""
+
+    pipeline: str
+    group_id: int | None
+    epochs: tuple[PlannedEpoch, ...] = ()
+    plan: dict[str, Any] = field(default_factory=dict)  # the controllers' decision and its reason
+    reprocessing: bool = False  # the group finishes a previous run's epochs
+    rollback: PlannedRollback | None = None
+
+    @classmethod
+    def of(cls, group: Group) -> GroupPlan:
+        return cls(group.pipeline, group.group_id,
+                   tuple(PlannedEpoch(e.epoch_id, e.generation, e.start, e.end, e.state) for e in group.epochs),
+                   dict(group.plan), group.reprocessing)
+
+    def as_xcom(self) -> dict[str, Any]:
+        return {"pipeline": self.pipeline, "group_id": self.group_id,
+                "epochs": [vars(e) for e in self.epochs], "plan": self.plan, "reprocessing": self.reprocessing,
+                "rollback": vars(self.rollback) if self.rollback else None}
+
+    @classmethod
+    def from_xcom(cls, value: dict[str, Any]) -> GroupPlan:
+        rollback = value.get("rollback")
+        return cls(value["pipeline"], value["group_id"],
+                   tuple(PlannedEpoch(e["epoch_id"], e["generation"], e["start"], e["end"], e["state"])
+                         for e in value.get("epochs") or ()),
+                   dict(value.get("plan") or {}), bool(value.get("reprocessing")),
+                   PlannedRollback(rollback["to_epoch"], rollback["through_epoch"]) if rollback else None)
 
 
 def cli_owner() -> str:
@@ -34,10 +87,10 @@ def plan(spec: PipelineSpec, epoch_log: EpochLog, owner: str, *, epoch_size: int
          k: int | None = None, reason: str = "backlog", take_over_prefix: str | None = None,
          recover: bool = False, interval: tuple[float, float] | None = None,
          resume_own: bool = False, extra: dict[str, Any] | None = None,
-         alive: Callable[[str], bool] | None = None) -> dict[str, Any] | None:
+         alive: Callable[[str], bool] | None = None) -> GroupPlan | None:
     """Take the lease, discover new files, and plan the next group (or re-plan a dead run's).
 
-    Returns the group as a JSON-able record, or ``None`` (lease released) when there is
+    Returns the group's plan, or ``None`` (lease released) when there is
     nothing to process. With ``resume_own`` (one group per Airflow DAG run) a run that planned
     before (a retried or cleared task) gets its group back.
     ``recover`` reruns failed or unfinished epochs only, even on a halted pipeline;
@@ -53,7 +106,7 @@ def plan(spec: PipelineSpec, epoch_log: EpochLog, owner: str, *, epoch_size: int
         if earlier is not None:
             log.info("pipeline %s: this run planned group %s before (%s); continuing it", spec.name,
                      earlier.group_id, earlier.state)
-            return earlier.as_record()
+            return GroupPlan.of(earlier)
         halt = None if recover else epoch_log.halt_reason(spec.name, spec.control.max_attempts)
         if halt:
             raise PipelineHaltedError(f"pipeline {spec.name!r} is halted: {halt}")
@@ -64,21 +117,21 @@ def plan(spec: PipelineSpec, epoch_log: EpochLog, owner: str, *, epoch_size: int
             group = epoch_log.plan_group(lease, epoch_size=epoch_size or spec.control.epoch_files,
                                          k=k or spec.control.group_epochs, plan={**(extra or {}), "reason": reason},
                                          only_leftovers=recover, fresh_attempts=recover)
-            planned = group and group.as_record()
+            planned = GroupPlan.of(group) if group else None
     except BaseException:
         epoch_log.release_lease(lease)
         raise
     if planned is None:
         epoch_log.release_lease(lease)
         return None
-    log.info("pipeline %s: planned group %s, epochs %s, ranges %s%s", spec.name, planned["group_id"],
-             [e["epoch_id"] for e in planned["epochs"]], [[e["start"], e["end"]] for e in planned["epochs"]],
-             " (reprocessing a previous run's epochs)" if planned.get("reprocessing") else "")
+    log.info("pipeline %s: planned group %s, epochs %s, ranges %s%s", spec.name, planned.group_id,
+             [e.epoch_id for e in planned.epochs], [[e.start, e.end] for e in planned.epochs],
+             " (reprocessing a previous run's epochs)" if planned.reprocessing else "")
     return planned
 
 
 def _plan_backfill(spec: PipelineSpec, epoch_log: EpochLog, lease: Lease, epoch_size: int | None,
-                   k: int | None, interval: tuple[float, float]) -> dict[str, Any] | None:
+                   k: int | None, interval: tuple[float, float]) -> GroupPlan | None:
     """A backfill run's share: data that landed before the interval's end and was never
     planned is planned now (processed for the first time); otherwise the epochs whose data
     arrived in the interval are recomputed (a rollback ``run`` performs)."""
@@ -94,7 +147,7 @@ def _plan_backfill(spec: PipelineSpec, epoch_log: EpochLog, lease: Lease, epoch_
         group = epoch_log.plan_group(lease, epoch_size=epoch_size or spec.control.epoch_files,
                                      k=k or spec.control.group_epochs, only_leftovers=True, through_epoch=ids[-1],
                                      plan={"reason": f"backfill: epochs {ids} arrived in {interval}"})
-        return group and group.as_record()
+        return GroupPlan.of(group) if group else None
     reason = f"backfill: recompute epochs {ids[0]}..{ids[-1]}, whose data arrived in {list(interval)}"
     # Before the intent is recorded: a file gone from the source refuses the backfill and
     # leaves the pipeline as it was (a recorded intent would halt it until completed).
@@ -102,12 +155,11 @@ def _plan_backfill(spec: PipelineSpec, epoch_log: EpochLog, lease: Lease, epoch_
     FileSource(spec, epoch_log).check_retained(epochs[ids[0]].start, epochs[ids[-1]].end)
     epoch_log.begin_rollback(lease, {"to_epoch": ids[0], "through_epoch": ids[-1], "reason": reason,
                                      "owner": lease.owner})
-    return {"pipeline": spec.name, "group_id": None, "epochs": [], "plan": {"reason": reason},
-            "rollback": {"to_epoch": ids[0], "through_epoch": ids[-1]}}
+    return GroupPlan(spec.name, None, plan={"reason": reason}, rollback=PlannedRollback(ids[0], ids[-1]))
 
 
 def _plan_backfill_new_data(spec: PipelineSpec, epoch_log: EpochLog, lease: Lease, epoch_size: int | None,
-                            k: int | None, before: float) -> dict[str, Any] | None:
+                            k: int | None, before: float) -> GroupPlan | None:
     """New epochs over never-planned files that landed before ``before`` (epoch seconds)."""
     FileSource(spec, epoch_log).discover()
     unplanned = epoch_log.manifest(spec.name, epoch_log.next_offset(spec.name))
@@ -120,7 +172,7 @@ def _plan_backfill_new_data(spec: PipelineSpec, epoch_log: EpochLog, lease: Leas
                                  until_offset=max(landed) + 1,
                                  plan={"reason": f"backfill: {len(landed)} files that landed before "
                                                  f"{_iso(before)} were never processed"})
-    return group and group.as_record()
+    return GroupPlan.of(group) if group else None
 
 
 def _iso(seconds: float) -> str:
@@ -252,9 +304,9 @@ def run_once(spec: PipelineSpec, epoch_log: EpochLog, spark: SparkSession | Call
         try:
             if callable(spark):
                 spark = spark()
-            run(spec, epoch_log, owner, planned["group_id"], spark)
+            run(spec, epoch_log, owner, planned.group_id, spark)
             validate(spec, epoch_log, owner)
-            done.append(checkpoint(spec, epoch_log, owner, planned["group_id"]))
+            done.append(checkpoint(spec, epoch_log, owner, planned.group_id))
         except BaseException:
             release(spec, epoch_log, owner)
             raise

@@ -24,7 +24,7 @@ def test_vanished_file_fails_clearly_then_reruns_same_range(spark, tmp_path):
     stat = victim.stat()
     shutil.move(victim, tmp_path / victim.name)
     with pytest.raises(SourceError) as info:
-        service.run(spec, log, "test-owner", planned["group_id"], spark)
+        service.run(spec, log, "test-owner", planned.group_id, spark)
     message = str(info.value)
     assert "'vanished_file'" in message and str(victim) in message and "no longer in the landing folder" in message
     epochs = log.epochs(spec.name)

@@ -242,11 +242,11 @@ def test_vanished_file_halts_at_max_attempts_then_a_recorded_skip_lets_the_pipel
     victim.unlink()
     for _ in range(3):
         with pytest.raises(SluiceError, match="no longer in the landing folder") as info:
-            service.run(spec, epoch_log, "run", planned["group_id"], spark)
+            service.run(spec, epoch_log, "run", planned.group_id, spark)
         assert str(victim) in str(info.value) and "sluice_skip_file" in str(info.value)
     assert epoch_log.epochs(spec.name)[1].attempts == 3
     with pytest.raises(PipelineHaltedError, match="failed 3 times"):
-        service.run(spec, epoch_log, "run", planned["group_id"], spark)
+        service.run(spec, epoch_log, "run", planned.group_id, spark)
     assert epoch_log.epochs(spec.name)[1].attempts == 3, "no attempt past max_attempts"
     service.release(spec, epoch_log, "run")
     assert str(victim) in epoch_log.halt_reason(spec.name, 3)

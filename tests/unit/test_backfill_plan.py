@@ -18,7 +18,25 @@ def test_backfill_plans_never_planned_files_that_landed_before_its_interval_end(
     assert service.plan(spec, log, "airflow:d:backfill__0", interval=(0.0, 1000.0)) is None, "nothing before t=1000"
     planned = service.plan(spec, log, "airflow:d:backfill__1", interval=(1000.0, 1250.0))
     # Files at 1000, 1100, 1200 landed before the end: all of them now, whatever k says.
-    assert [(e["start"], e["end"]) for e in planned["epochs"]] == [(0, 2), (2, 3)]
-    assert "never processed" in planned["plan"]["reason"]
+    assert [(e.start, e.end) for e in planned.epochs] == [(0, 2), (2, 3)]
+    assert "never processed" in planned.plan["reason"]
     assert {e.state for e in log.epochs(spec.name)} == {protocol.PLANNED}
+    log.close()
+
+
+def test_a_group_plan_comes_back_from_xcom_as_it_went(tmp_path):
+    """XCom stores JSON: the plan the next steps read is the plan the plan step made."""
+    import json
+
+    spec = make_pipeline("plan_through_xcom", **{"control.epoch_files": 2, "control.group_epochs": 2})
+    land(spec, files=3)
+    log = EpochLog(f"sqlite:///{tmp_path}/s.db")
+    planned = service.plan(spec, log, "airflow:d:scheduled__1", extra={"partitions": 4})
+    assert [(e.epoch_id, e.start, e.end, e.state) for e in planned.epochs] == [(0, 0, 2, "planned"),
+                                                                              (1, 2, 3, "planned")]
+    assert planned.plan["partitions"] == 4 and planned.rollback is None
+    assert service.GroupPlan.from_xcom(json.loads(json.dumps(planned.as_xcom()))) == planned
+    recorded = service.GroupPlan(spec.name, None, plan={"reason": "backfill"},
+                                 rollback=service.PlannedRollback(to_epoch=1, through_epoch=3))
+    assert service.GroupPlan.from_xcom(json.loads(json.dumps(recorded.as_xcom()))) == recorded
     log.close()

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from airflow.sdk import Asset, BaseOperator
 from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
@@ -19,6 +19,7 @@ from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 from sluice import service
 from sluice.errors import OperatorActionRequired, PipelineBusyError, SluiceError
 from sluice.protocol import LeaseOwner
+from sluice.service import GroupPlan
 from sluice.spec import PipelineSpec, SinkSpec, get_spec
 from sluice.store import EpochLog, store_url
 
@@ -103,8 +104,8 @@ class _SluiceOperator(BaseOperator):
 class PlanGroupOperator(_SluiceOperator):
     """Reconcile and plan (write-ahead) the next group; skip the rest of the run if idle.
 
-    Returns the group record (``group_id``, epochs with their ranges, the plan) and the store
-    URL, which the Spark step needs.
+    Returns the plan (``GroupPlan.as_xcom()``: ``group_id``, epochs with their ranges, the
+    controllers' plan, or a recorded rollback) and the store URL, which the Spark step needs.
     """
 
     template_fields: Sequence[str] = ("pipeline",)
@@ -158,11 +159,21 @@ class PlanGroupOperator(_SluiceOperator):
             what = ("no failed or unfinished epochs" if self.recover
                     else "no epoch's data arrived in this interval" if interval else "no unplanned data")
             raise AirflowSkipException(f"pipeline {spec.name!r}: nothing to do ({what})")
-        if group.get("rollback"):
-            self.log.info("Recorded rollback %s; run_group performs it", group["rollback"])
-            return dict(group, store_url=url)
-        self.log.info("Planned group %s of %s:\n%s", group["group_id"], spec.name, _epoch_table(group["epochs"]))
-        return dict(group, store_url=url)
+        if group.rollback:
+            self.log.info("Recorded rollback %s; run_group performs it", group.rollback)
+        else:
+            self.log.info("Planned group %s of %s:\n%s", group.group_id, spec.name,
+                          _epoch_table([vars(e) for e in group.epochs]))
+        return dict(group.as_xcom(), store_url=url)
+
+
+class Planned(NamedTuple):
+    """What a step after ``plan_group`` works from."""
+
+    spec: PipelineSpec
+    plan: GroupPlan
+    owner: str  # this DAG run's lease owner
+    store_url: str
 
 
 class _PlannedGroupOperator(_SluiceOperator):
@@ -175,10 +186,10 @@ class _PlannedGroupOperator(_SluiceOperator):
         self.pipeline = pipeline
         self.plan_task_id = plan_task_id
 
-    def planned(self, context: Any) -> tuple[PipelineSpec, dict[str, Any], str]:
-        """The spec, the planned group record, and this run's lease owner."""
-        owner = lease_owner(context["dag"].dag_id, context["run_id"])
-        return get_spec(self.pipeline), context["ti"].xcom_pull(task_ids=self.plan_task_id), owner
+    def planned(self, context: Any) -> Planned:
+        value = context["ti"].xcom_pull(task_ids=self.plan_task_id)
+        return Planned(get_spec(self.pipeline), GroupPlan.from_xcom(value),
+                       lease_owner(context["dag"].dag_id, context["run_id"]), value["store_url"])
 
 
 class RunGroupOperator(_PlannedGroupOperator):
@@ -191,12 +202,12 @@ class RunGroupOperator(_PlannedGroupOperator):
 
         from sluice.spark import get_session
 
-        spec, planned, owner = self.planned(context)
-        log = EpochLog(planned["store_url"])
+        spec, planned, owner, url = self.planned(context)
+        log = EpochLog(url)
         reused = SparkSession.getActiveSession() is not None  # dag.test() in a process with Spark
         spark = get_session(f"sluice-{spec.name}", extra_conf=spec.spark.conf)
         try:
-            result = service.run(spec, log, owner, planned["group_id"], spark, alive=dag_run_alive)
+            result = service.run(spec, log, owner, planned.group_id, spark, alive=dag_run_alive)
         finally:
             if not reused:
                 spark.stop()
@@ -256,6 +267,9 @@ class RollbackOperator(_PipelineOperator):
                 raise
             if not params["recompute"]:
                 log.release_lease(lease)
+            # The steps after this one run the recomputed group (none without recompute).
+            recomputed = log.group(spec.name, report["group_id"]) if report["group_id"] is not None else None
+            plan = GroupPlan.of(recomputed) if recomputed else GroupPlan(spec.name, None)
         except SluiceError as exc:  # refused, busy, or no such epoch: nothing was changed
             raise AirflowFailException(str(exc)) from None
         finally:
@@ -265,7 +279,7 @@ class RollbackOperator(_PipelineOperator):
         self.log.info("Rolled %s back to epoch %s: generation %s -> %s; restored %s; rolled back %s",
                       spec.name, report["to_epoch"], report["from_generation"], report["generation"],
                       json.dumps(report["restored"]), [r[0] for r in report["rolled_back"]])
-        return dict(report, store_url=url)
+        return dict(report, **plan.as_xcom(), store_url=url)
 
 
 class SkipFileOperator(_PipelineOperator):
@@ -299,8 +313,8 @@ class ValidateOperator(_PlannedGroupOperator):
     ui_color = "#f7e1e1"
 
     def act(self, context: Any) -> dict[str, Any]:
-        spec, planned, owner = self.planned(context)
-        log = EpochLog(planned["store_url"])
+        spec, _, owner, url = self.planned(context)
+        log = EpochLog(url)
         try:
             report = service.validate(spec, log, owner)
         finally:
@@ -317,10 +331,10 @@ class CheckpointOperator(_PlannedGroupOperator):
     ui_color = "#d9d2f4"
 
     def act(self, context: Any) -> dict[str, Any]:
-        spec, planned, owner = self.planned(context)
-        log = EpochLog(planned["store_url"])
+        spec, planned, owner, url = self.planned(context)
+        log = EpochLog(url)
         try:
-            result = service.checkpoint(spec, log, owner, planned["group_id"])
+            result = service.checkpoint(spec, log, owner, planned.group_id)
         finally:
             log.close()
         for group in result["groups"]:
