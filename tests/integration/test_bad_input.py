@@ -87,3 +87,11 @@ def test_bad_files_go_to_rejected_line_by_line_and_nothing_halts(spark):
     assert [line for line, reason, _ in by_file["bad-latin1.json"] if "not UTF-8" in reason] == [4]
     assert sorted(line for line, reason, _ in by_file["bad-arrays.json"] if "JSON array" in reason) == [1, 2, 3, 4]
     assert "bad-empty.json" not in by_file
+    # Each rejected record carries the epoch of its file (a group reads several epochs in one
+    # scan, whole files and one read line by line): the manifest's order is modification time,
+    # then path, and the group's epochs take 3 files each.
+    landed_files = sorted((f for f in folder.iterdir() if f.is_file()), key=lambda f: (f.stat().st_mtime, str(f)))
+    epoch_of = {f.name: i // 3 for i, f in enumerate(landed_files)}
+    assert len({e.group_id for e in log.epochs(spec.name)}) == 1 and len(log.epochs(spec.name)) == 3
+    assert {(os.path.basename(r["file"]), r["epoch"]) for r in rows} == {
+        (name, epoch_of[name]) for name in by_file}

@@ -20,6 +20,8 @@ from sluice.spec import PipelineSpec
 from sluice.store import EpochLog, ManifestEntry
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from pyspark.sql import Column, DataFrame, SparkSession
 
     from sluice.sinks.delta import EpochRange
@@ -129,8 +131,6 @@ class FileSource:
         Parquet), ``_corrupt_record`` (the raw text of a record that did not parse) and
         ``_defect`` (why a line is bad before any parsing: too large, not UTF-8, an array).
         """
-        from functools import reduce
-
         from pyspark.sql import functions as F
 
         entries = self.check_retained(start, end)
@@ -147,27 +147,39 @@ class FileSource:
                 F.lit(None).cast("string").alias("_corrupt_record"),
                 F.lit(None).cast("string").alias("_defect"),
             )
-        # Small files whole (one row per file, split here: cheap for many small files); large
-        # ones line by line, so one file never has to fit in a single string.
-        small = [e.path for e in entries if e.size <= WHOLE_FILE_MAX_BYTES]
-        large = [e.path for e in entries if e.size > WHOLE_FILE_MAX_BYTES]
-        parts = ([split_lines(spark.read.text(small, wholetext=True))] if small else []) + (
-            [number_lines(spark.read.text(large))] if large else [])
-        return self.parse_lines(reduce(lambda a, b: a.unionByName(b), parts))
+        return self.parse_lines(self._lines(spark, entries))
 
     def read_epochs(self, spark: SparkSession, epochs: list[EpochRange]) -> DataFrame:
         """Read a group's contiguous epochs in one scan: ``read`` of their whole range, with the
-        ``_epoch`` each record's file belongs to."""
+        ``_epoch`` each record's file belongs to (looked up once per file where files are read
+        whole, before they are split into records)."""
         from itertools import chain
 
         from pyspark.sql import functions as F
 
-        records = self.read(spark, epochs[0].start, epochs[-1].end)
-        owner = {e.path: epoch.epoch_id for epoch in epochs for e in self.files(epoch.start, epoch.end)}
         if len(epochs) == 1:
-            return records.withColumn("_epoch", F.lit(epochs[0].epoch_id))
+            return self.read(spark, epochs[0].start, epochs[0].end).withColumn("_epoch", F.lit(epochs[0].epoch_id))
+        owner = {e.path: epoch.epoch_id for epoch in epochs for e in self.files(epoch.start, epoch.end)}
         file_epoch = F.create_map(*chain.from_iterable((F.lit(p), F.lit(i)) for p, i in owner.items()))
-        return records.withColumn("_epoch", F.element_at(file_epoch, F.col("_file")))
+        entries = self.check_retained(epochs[0].start, epochs[-1].end)
+        if self.spec.source.format == "parquet" or not entries:
+            return (self.read(spark, epochs[0].start, epochs[-1].end)
+                    .withColumn("_epoch", F.element_at(file_epoch, F.col("_file"))))
+        return self.parse_lines(self._lines(spark, entries, lambda file: F.element_at(file_epoch, file)))
+
+    @staticmethod
+    def _lines(spark: SparkSession, entries: list[ManifestEntry],
+               epoch_of: Callable[[Column], Column] | None = None) -> DataFrame:
+        """Numbered lines (``_file``, ``_line``, ``_text``, and ``_epoch = epoch_of(_file)``) of
+        JSON or CSV files: small files whole (one row per file, split here: cheap for many
+        small files); large ones line by line, so one file never has to fit in a single string."""
+        from functools import reduce
+
+        small = [e.path for e in entries if e.size <= WHOLE_FILE_MAX_BYTES]
+        large = [e.path for e in entries if e.size > WHOLE_FILE_MAX_BYTES]
+        parts = ([split_lines(spark.read.text(small, wholetext=True), epoch_of)] if small else []) + (
+            [number_lines(spark.read.text(large), epoch_of)] if large else [])
+        return reduce(lambda a, b: a.unionByName(b), parts)
 
     def parse(self, files: DataFrame) -> DataFrame:
         """Parse JSON-lines or CSV files read whole (``text`` with ``wholetext``: one row per
@@ -175,10 +187,10 @@ class FileSource:
         return self.parse_lines(split_lines(files))
 
     def parse_lines(self, lines: DataFrame) -> DataFrame:
-        """Parse numbered lines (``_file``, ``_line``, ``_text``), so a bad record's file and line
-        can be reported exactly. A line above ``source.max_record_bytes``, one that is not UTF-8
-        or (JSON) an array is not parsed at all: it is cut to its first KiB and tagged with its
-        ``_defect``."""
+        """Parse numbered lines (``_file``, a path, ``_line``, ``_text``; an ``_epoch`` is kept),
+        so a bad record's file and line can be reported exactly. A line above
+        ``source.max_record_bytes``, one that is not UTF-8 or (JSON) an array is not parsed at
+        all: it is cut to its first KiB and tagged with its ``_defect``."""
         from pyspark.sql import functions as F
 
         source = self.spec.source
@@ -195,24 +207,26 @@ class FileSource:
         lines = lines.where(F.trim("_text") != "")
         if source.format == "csv" and source.csv_header:
             lines = lines.where(F.col("_line") > 1)
-        lines = lines.select("_file", "_line", defect.alias("_defect"),
+        epoch = ["_epoch"] if "_epoch" in lines.columns else []
+        lines = lines.select("_file", "_line", *epoch, defect.alias("_defect"),
                              F.when(size > limit, F.substring("_text", 1, RECORD_KEPT_CHARS))
                              .otherwise(F.col("_text")).alias("_text"))
         options = {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": "_corrupt_record"}
         parse = F.from_json if source.format == "json" else F.from_csv
         parsed = lines.select(
-            "_file", "_line", "_text", "_defect",
+            "_file", "_line", *epoch, "_text", "_defect",
             parse(F.when(F.col("_defect").isNull(), F.col("_text")), f"{schema}, _corrupt_record string",
                   options).alias("_r"),
         )
         return parsed.select(
             *[F.col(f"_r.`{c}`").alias(c) for c in source.schema_],
-            file_name(F.col("_file")).alias("_file"),
+            "_file",
             "_line",
             # from_json yields a NULL struct for text that is not a JSON object at all.
             F.when(F.col("_r").isNull(), F.col("_text"))
             .otherwise(F.col("_r._corrupt_record")).alias("_corrupt_record"),
             "_defect",
+            *epoch,
         )
 
 
@@ -230,19 +244,23 @@ def file_name(uri: Column) -> Column:
     return F.url_decode(F.regexp_replace(F.regexp_replace(uri, "^file:", ""), "\\+", "%2B"))
 
 
-def split_lines(files: DataFrame) -> DataFrame:
-    """``_file``, ``_line`` (1-based), ``_text`` from files read whole (one row per file)."""
+def split_lines(files: DataFrame, epoch_of: Callable[[Column], Column] | None = None) -> DataFrame:
+    """``_file`` (its path), ``_line`` (1-based), ``_text`` (and ``_epoch = epoch_of(_file)``)
+    from files read whole (one row per file): what depends on the file only is computed once
+    per file, before the split."""
     from pyspark.sql import functions as F
 
+    files = files.select(file_name(F.col("_metadata.file_path")).alias("_file"), "value")
+    epoch = [epoch_of(F.col("_file")).alias("_epoch")] if epoch_of else []
     return files.select(
-        F.col("_metadata.file_path").alias("_file"),
-        F.posexplode(F.split(F.col("value"), "\r?\n")).alias("_pos", "_text"),
-    ).select("_file", (F.col("_pos") + 1).alias("_line"), "_text")
+        "_file", *epoch, F.posexplode(F.split(F.col("value"), "\r?\n")).alias("_pos", "_text"),
+    ).select("_file", (F.col("_pos") + 1).alias("_line"), "_text", *(["_epoch"] if epoch_of else []))
 
 
-def number_lines(lines: DataFrame) -> DataFrame:
-    """``_file``, ``_line`` (1-based), ``_text`` from files read line by line: a file's lines
-    are numbered in the order of its splits (block start), then of the rows within a split."""
+def number_lines(lines: DataFrame, epoch_of: Callable[[Column], Column] | None = None) -> DataFrame:
+    """``_file`` (its path), ``_line`` (1-based), ``_text`` from files read line by line: a
+    file's lines are numbered in the order of its splits (block start), then of the rows within
+    a split."""
     from pyspark.sql import Window
     from pyspark.sql import functions as F
 
@@ -250,4 +268,6 @@ def number_lines(lines: DataFrame) -> DataFrame:
                            F.col("_metadata.file_block_start").alias("_block"),
                            F.monotonically_increasing_id().alias("_row"), F.col("value").alias("_text"))
     by_file = Window.partitionBy("_file").orderBy("_block", "_row")
-    return ordered.select("_file", F.row_number().over(by_file).cast("long").alias("_line"), "_text")
+    numbered = ordered.select(file_name(F.col("_file")).alias("_file"),
+                              F.row_number().over(by_file).cast("long").alias("_line"), "_text")
+    return numbered.withColumn("_epoch", epoch_of(F.col("_file"))) if epoch_of else numbered
