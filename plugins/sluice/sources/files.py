@@ -131,41 +131,44 @@ class FileSource:
         Parquet), ``_corrupt_record`` (the raw text of a record that did not parse) and
         ``_defect`` (why a line is bad before any parsing: too large, not UTF-8, an array).
         """
-        from pyspark.sql import functions as F
-
-        entries = self.check_retained(start, end)
-        schema = ", ".join(f"`{k}` {v}" for k, v in self.spec.source.schema_.items())
-        if not entries:  # every file of the range was skipped on purpose
-            return spark.createDataFrame(
-                [], f"{schema}, _file string, _line long, _corrupt_record string, _defect string")
-        if self.spec.source.format == "parquet":
-            df = spark.read.schema(schema).parquet(*[e.path for e in entries])
-            return df.select(
-                *[F.col(f"`{c}`") for c in self.spec.source.schema_],
-                file_name(F.col("_metadata.file_path")).alias("_file"),
-                (F.col("_metadata.row_index") + 1).alias("_line"),
-                F.lit(None).cast("string").alias("_corrupt_record"),
-                F.lit(None).cast("string").alias("_defect"),
-            )
-        return self.parse_lines(self._lines(spark, entries))
+        return self._read(spark, self.check_retained(start, end))
 
     def read_epochs(self, spark: SparkSession, epochs: list[EpochRange]) -> DataFrame:
         """Read a group's contiguous epochs in one scan: ``read`` of their whole range, with the
-        ``_epoch`` each record's file belongs to (looked up once per file where files are read
-        whole, before they are split into records)."""
+        ``_epoch`` each record's file belongs to (by its manifest position; looked up once per
+        file where files are read whole, before they are split into records)."""
         from itertools import chain
 
         from pyspark.sql import functions as F
 
-        if len(epochs) == 1:
-            return self.read(spark, epochs[0].start, epochs[0].end).withColumn("_epoch", F.lit(epochs[0].epoch_id))
-        owner = {e.path: epoch.epoch_id for epoch in epochs for e in self.files(epoch.start, epoch.end)}
-        file_epoch = F.create_map(*chain.from_iterable((F.lit(p), F.lit(i)) for p, i in owner.items()))
         entries = self.check_retained(epochs[0].start, epochs[-1].end)
-        if self.spec.source.format == "parquet" or not entries:
-            return (self.read(spark, epochs[0].start, epochs[-1].end)
-                    .withColumn("_epoch", F.element_at(file_epoch, F.col("_file"))))
-        return self.parse_lines(self._lines(spark, entries, lambda file: F.element_at(file_epoch, file)))
+        if len(epochs) == 1:
+            return self._read(spark, entries, lambda _: F.lit(epochs[0].epoch_id))
+        owner = {e.path: next(epoch.epoch_id for epoch in epochs if epoch.start <= e.position < epoch.end)
+                 for e in entries}
+        file_epoch = F.create_map(*chain.from_iterable((F.lit(p), F.lit(i)) for p, i in owner.items()))
+        return self._read(spark, entries, lambda file: F.element_at(file_epoch, file))
+
+    def _read(self, spark: SparkSession, entries: list[ManifestEntry],
+              epoch_of: Callable[[Column], Column] | None = None) -> DataFrame:
+        """``read`` of retained manifest entries; with ``epoch_of``, an ``_epoch`` column too."""
+        from pyspark.sql import functions as F
+
+        schema = ", ".join(f"`{k}` {v}" for k, v in self.spec.source.schema_.items())
+        if not entries:  # every file of the range was skipped on purpose
+            empty = spark.createDataFrame(
+                [], f"{schema}, _file string, _line long, _corrupt_record string, _defect string")
+            return empty.withColumn("_epoch", F.lit(None).cast("int")) if epoch_of else empty
+        if self.spec.source.format != "parquet":
+            return self.parse_lines(self._lines(spark, entries, epoch_of))
+        df = spark.read.schema(schema).parquet(*[e.path for e in entries]).select(
+            *[F.col(f"`{c}`") for c in self.spec.source.schema_],
+            file_name(F.col("_metadata.file_path")).alias("_file"),
+            (F.col("_metadata.row_index") + 1).alias("_line"),
+            F.lit(None).cast("string").alias("_corrupt_record"),
+            F.lit(None).cast("string").alias("_defect"),
+        )
+        return df.withColumn("_epoch", epoch_of(F.col("_file"))) if epoch_of else df
 
     @staticmethod
     def _lines(spark: SparkSession, entries: list[ManifestEntry],
@@ -251,10 +254,12 @@ def split_lines(files: DataFrame, epoch_of: Callable[[Column], Column] | None = 
     from pyspark.sql import functions as F
 
     files = files.select(file_name(F.col("_metadata.file_path")).alias("_file"), "value")
-    epoch = [epoch_of(F.col("_file")).alias("_epoch")] if epoch_of else []
+    if epoch_of:
+        files = files.withColumn("_epoch", epoch_of(F.col("_file")))
+    epoch = ["_epoch"] if epoch_of else []
     return files.select(
         "_file", *epoch, F.posexplode(F.split(F.col("value"), "\r?\n")).alias("_pos", "_text"),
-    ).select("_file", (F.col("_pos") + 1).alias("_line"), "_text", *(["_epoch"] if epoch_of else []))
+    ).select("_file", (F.col("_pos") + 1).alias("_line"), "_text", *epoch)
 
 
 def number_lines(lines: DataFrame, epoch_of: Callable[[Column], Column] | None = None) -> DataFrame:
