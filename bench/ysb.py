@@ -12,12 +12,14 @@ plain Spark batch job, over the same files, in the same SparkSession, in the sam
 (c) **batch**: one job over all files, one append of the aggregate: the limit of this query
     on this hardware.
 
-All three parse the files identically (``FileSource.parse``: whole-file read split into
-numbered lines), split off malformed records into a ``_rejected`` table, and run the same
-transform; so the difference is the bookkeeping and the epoch boundaries. GX validation is
-off here (``overhead.py`` reports its cost). Every run's table is checked against the oracle
-computed from the raw files. Runs are interleaved (a, b, c per repetition, epoch sizes in a
-rotating order) after one untimed warm-up of each, so drift in the shared machine hits all.
+All three parse the records with the same ``FileSource`` code (whole-file reads split into
+numbered lines for (b) and (c); (a) reads files above ``WHOLE_FILE_MAX_BYTES``, as these 10 MB
+ones, line by line, numbered without a shuffle), split off malformed records into a
+``_rejected`` table, and run the same transform; so the difference is the bookkeeping and the
+epoch boundaries. GX validation is off here (``overhead.py`` reports its cost). Every run's
+table is checked against the oracle computed from the raw files. Runs are interleaved (a, b, c
+per repetition, epoch sizes in a rotating order) after one untimed warm-up of each, so drift in
+the shared machine hits all.
 Writes ``bench/results/ysb.json`` and ``ysb.png``.
 """
 

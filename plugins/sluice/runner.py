@@ -143,8 +143,11 @@ class PreparedGroup:
     results: dict[int, dict[str, validation.SinkValidation]] = field(default_factory=dict)
     committing: list[Epoch] = field(default_factory=list)  # the epochs to write (before ``failed``)
     failed: Epoch | None = None  # the first epoch that failed validation under ``fail``
+    tables_ready: list[threading.Thread] = field(default_factory=list)  # ``GroupRunner.ready_tables``
 
     def release(self) -> None:
+        for thread in self.tables_ready:
+            thread.join()
         for frame in self.cached:
             frame.unpersist()
         self.cached.clear()
@@ -309,6 +312,10 @@ class GroupRunner:
         prepared = PreparedGroup(list(epochs), t0, timings, cached=[records])
         try:
             tagged = tag_rejected(records, self.spec)
+            valid, rejected = split_rejected(records, self.spec, epochs[0].generation, tagged=tagged)
+            outputs = self._outputs(valid)
+            prepared.tables_ready = self.ready_tables(
+                [(self.rejected, rejected), *[(sink, outputs[sink.spec.name]) for sink in self.sinks]])
             # One job reads the ranges into the cache and counts input and rejected records per epoch.
             counts = tagged.groupBy("_epoch").agg(F.count(F.lit(1)).alias("n"), F.count("_reason").alias("r"))
             for row in counts.collect():
@@ -316,8 +323,7 @@ class GroupRunner:
             timings["read_s"] = round(time.monotonic() - t0, 3)
             policy = self.spec.validation.policy
             if not self.suites:
-                valid, prepared.rejected = split_rejected(records, self.spec, epochs[0].generation, tagged=tagged)
-                prepared.outputs = self._outputs(valid)
+                prepared.rejected, prepared.outputs = rejected, outputs
             else:
                 per_sink: dict[str, list[DataFrame]] = {}
                 quarantined: list[DataFrame] = []
@@ -348,7 +354,6 @@ class GroupRunner:
                         per_sink.setdefault(name, []).append(frame)
                     prepared.committing.append(epoch)
                 written = [e.epoch_id for e in prepared.committing]
-                _, rejected = split_rejected(records, self.spec, epochs[0].generation, tagged=tagged)
                 prepared.rejected = rejected.where(F.col("epoch").isin(written))
                 prepared.outputs = {name: reduce(lambda a, b: a.unionByName(b), frames)
                                     for name, frames in per_sink.items()}
@@ -361,6 +366,26 @@ class GroupRunner:
             raise
         return prepared
 
+    def ready_tables(self, tables: list[tuple[DeltaSink, DataFrame]]) -> list[threading.Thread]:
+        """``DeltaSink.prepare`` of the group's tables, each in a background thread, started while
+        the group is read: their driver-side work overlaps the read, and their small jobs run on
+        the first free cores (a FAIR pool of their own), side by side. Best effort: each write
+        makes its table ready itself when this did not."""
+        def run(table: DeltaSink, frame: DataFrame) -> None:
+            if not is_connect(self.spark):  # Spark Connect: no per-thread pool reaches the server
+                self.spark.sparkContext.setLocalProperty("spark.scheduler.pool", f"sluice_w{MAX_POOL_WEIGHT}")
+            try:
+                table.prepare(self.spark, frame)
+            except Exception as exc:  # the write reports it, with its context
+                log.debug("pipeline %s: table %s not prepared ahead: %s", self.spec.name, table.path, exc)
+
+        threads = [threading.Thread(target=run, args=(table, frame), daemon=True,
+                                    name=f"sluice-ready-{self.spec.name}-{table.spec.name}")
+                   for table, frame in tables]
+        for thread in threads:
+            thread.start()
+        return threads
+
     def commit_group(self, lease: Lease, prepared: PreparedGroup) -> None:
         """Write the group's epochs (those before one that failed validation under ``fail``):
         at most one Delta transaction per table, ``_rejected`` and ``_quarantine`` first, a
@@ -369,6 +394,10 @@ class GroupRunner:
         epochs, timings = prepared.committing, prepared.timings
         token = lease.fence
         try:
+            t_wait = time.monotonic()
+            for thread in prepared.tables_ready:
+                thread.join()
+            timings["tables_wait_s"] = round(time.monotonic() - t_wait, 3)
             commits: list[SinkCommit] = []
             if epochs:
                 ranges = [epoch_range(e) for e in epochs]

@@ -12,7 +12,7 @@ import pytest
 from sluice import protocol, service
 from sluice.errors import SourceError
 from sluice.store import EpochLog
-from tests.pipelines import assert_matches_oracle, land, make_pipeline
+from tests.pipelines import assert_matches_oracle, invalid_lines, land, make_pipeline, rejected_lines
 
 
 def test_vanished_file_fails_clearly_then_reruns_same_range(spark, tmp_path):
@@ -95,3 +95,30 @@ def test_bad_files_go_to_rejected_line_by_line_and_nothing_halts(spark):
     assert len({e.group_id for e in log.epochs(spec.name)}) == 1 and len(log.epochs(spec.name)) == 3
     assert {(os.path.basename(r["file"]), r["epoch"]) for r in rows} == {
         (name, epoch_of[name]) for name in by_file}
+
+
+def test_files_read_line_by_line_in_several_blocks_report_each_bad_line_exactly(spark, monkeypatch):
+    """Files read line by line (above the whole-file limit) and split into several blocks (the
+    splits of one file go to different tasks): every rejected record's file and line equal the
+    raw files' (numbered without a shuffle: block by block, from each block's first row), its
+    epoch is its file's, and the table equals the oracle."""
+    from sluice.sources import files as file_source
+
+    spec = make_pipeline("line_blocks", **{"control.epoch_files": 2, "control.group_epochs": 3})
+    paths = land(spec, files=6, rate_per_file=1500, malformed_fraction=0.02)
+    monkeypatch.setattr(file_source, "WHOLE_FILE_MAX_BYTES", 1024)  # every file read line by line
+    before = spark.conf.get("spark.sql.files.maxPartitionBytes")
+    spark.conf.set("spark.sql.files.maxPartitionBytes", "65536")  # ~5 blocks per file
+    try:
+        assert min(p.stat().st_size for p in paths) > 3 * 65536, "each file spans several blocks"
+        log = EpochLog()
+        service.run_once(spec, log, spark, drain=True)
+    finally:
+        spark.conf.set("spark.sql.files.maxPartitionBytes", before)
+    assert_matches_oracle(spark, spec, log)
+    rejected = rejected_lines(spark, spec)
+    expected = {(str(p), n) for p, n in invalid_lines(paths)}
+    assert len(expected) > 20 and len(rejected) == len(set(rejected)) and set(rejected) == expected
+    order = sorted(paths, key=lambda f: (f.stat().st_mtime, str(f)))
+    epochs = {(r["file"], r["epoch"]) for r in spark.read.format("delta").load(spec.rejected_table).collect()}
+    assert epochs == {(str(p), order.index(p) // 2) for p in {p for p in paths if str(p) in {f for f, _ in rejected}}}

@@ -181,7 +181,7 @@ class FileSource:
         small = [e.path for e in entries if e.size <= WHOLE_FILE_MAX_BYTES]
         large = [e.path for e in entries if e.size > WHOLE_FILE_MAX_BYTES]
         parts = ([split_lines(spark.read.text(small, wholetext=True), epoch_of)] if small else []) + (
-            [number_lines(spark.read.text(large), epoch_of)] if large else [])
+            [number_lines(spark, large, epoch_of)] if large else [])
         return reduce(lambda a, b: a.unionByName(b), parts)
 
     def parse(self, files: DataFrame) -> DataFrame:
@@ -262,17 +262,51 @@ def split_lines(files: DataFrame, epoch_of: Callable[[Column], Column] | None = 
     ).select("_file", (F.col("_pos") + 1).alias("_line"), "_text", *epoch)
 
 
-def number_lines(lines: DataFrame, epoch_of: Callable[[Column], Column] | None = None) -> DataFrame:
-    """``_file`` (its path), ``_line`` (1-based), ``_text`` from files read line by line: a
-    file's lines are numbered in the order of its splits (block start), then of the rows within
-    a split."""
-    from pyspark.sql import Window
+def number_lines(spark: SparkSession, paths: list[str],
+                 epoch_of: Callable[[Column], Column] | None = None) -> DataFrame:
+    """``_file`` (its path), ``_line`` (1-based), ``_text`` (and ``_epoch = epoch_of(_file)``)
+    of files read line by line, without a shuffle: a block of a file (a split; a file up to
+    ``spark.sql.files.maxPartitionBytes`` is one) is read by one task in order, so its lines
+    have consecutive ``monotonically_increasing_id``s. A first pass counts each block's lines
+    and finds its first id (one small row per block, collected); the second reads the lines
+    again and numbers each from its id, its block's first id and the lines of the file's
+    earlier blocks. Both scans plan the same splits, so they assign the same ids (the files
+    were checked unchanged before). What depends on the file only (its path, its epoch) is one
+    lookup per line in a map of the files, not computed per line."""
+    from itertools import chain
+
     from pyspark.sql import functions as F
 
-    ordered = lines.select(F.col("_metadata.file_path").alias("_file"),
-                           F.col("_metadata.file_block_start").alias("_block"),
-                           F.monotonically_increasing_id().alias("_row"), F.col("value").alias("_text"))
-    by_file = Window.partitionBy("_file").orderBy("_block", "_row")
-    numbered = ordered.select(file_name(F.col("_file")).alias("_file"),
-                              F.row_number().over(by_file).cast("long").alias("_line"), "_text")
-    return numbered.withColumn("_epoch", epoch_of(F.col("_file"))) if epoch_of else numbered
+    def scan() -> DataFrame:
+        return spark.read.text(paths).select(
+            F.col("_metadata.file_path").alias("_uri"), F.col("_metadata.file_block_start").alias("_block"),
+            F.monotonically_increasing_id().alias("_row"), F.col("value").alias("_text"))
+
+    blocks = sorted(scan().groupBy("_uri", "_block")
+                    .agg(F.min("_row").alias("first"), F.count(F.lit(1)).alias("lines"))
+                    .select("*", file_name(F.col("_uri")).alias("path")).collect(),
+                    key=lambda b: (b["_uri"], b["_block"]))
+    if not blocks:  # only empty files: no lines
+        lines = scan().select(F.col("_uri").alias("_file"), F.col("_row").alias("_line"), "_text")
+        return lines.withColumn("_epoch", F.lit(None).cast("int")) if epoch_of else lines
+    shift: dict[str, dict[int, int]] = {}  # per file and block: its lines' numbers minus their ids
+    path: dict[str, str] = {}
+    before: dict[str, int] = {}
+    for b in blocks:
+        uri = b["_uri"]
+        shift.setdefault(uri, {})[b["_block"]] = before.get(uri, 0) + 1 - b["first"]
+        before[uri] = before.get(uri, 0) + b["lines"]
+        path[uri] = b["path"]
+
+    def file_info(uri: str) -> Column:
+        fields = [F.lit(path[uri]).alias("file"), F.create_map(*chain.from_iterable(
+            (F.lit(k).cast("long"), F.lit(v).cast("long")) for k, v in shift[uri].items())).alias("shift")]
+        if epoch_of:  # a constant per file: Spark folds it
+            fields.append(epoch_of(F.lit(path[uri])).alias("epoch"))
+        return F.struct(*fields)
+
+    info = F.element_at(F.create_map(*chain.from_iterable((F.lit(uri), file_info(uri)) for uri in shift)),
+                        F.col("_uri"))
+    return scan().select(info.getField("file").alias("_file"),
+                         (F.col("_row") + F.element_at(info.getField("shift"), F.col("_block"))).alias("_line"),
+                         "_text", *([info.getField("epoch").alias("_epoch")] if epoch_of else []))
