@@ -83,6 +83,14 @@ def _local_versions(path: str) -> list[int]:
     return sorted({int(m.group(1)) for m in map(_COMMIT_FILE.match, names) if m})
 
 
+def holds_no_files(spark: SparkSession, path: str) -> bool:
+    """Whether the Delta table at ``path`` has no data files (a new table, or one restored to
+    before its first write): no key of a MERGE into it can match."""
+    if is_connect(spark):
+        return int(spark.sql(f"DESCRIBE DETAIL {_table_ref(path)}").first()["numFiles"] or 0) == 0
+    return int(_snapshot(spark, path).numOfFiles()) == 0
+
+
 def history(spark: SparkSession, path: str, limit: int | None = None) -> DataFrame:
     """``DeltaTable.forPath(spark, path).history(limit)``, also under Spark Connect."""
     if not is_connect(spark):
@@ -259,21 +267,21 @@ class DeltaSink:
         if rows == 0 and skip_empty:  # the same ranges always yield the same rows: nothing to replay
             return SinkCommit(self.spec.name, None, 0, replayed=False)
         before = table_version(spark, self.path)
-        fresh = before is None
-        if fresh:  # created empty first: a rerun can always RESTORE to the version before a commit
+        if before is None:  # created empty first: a rerun can always RESTORE to the version before a commit
             self._ensure_table(spark, df)
             before = table_version(spark, self.path)
         meta = self.metadata(epochs, generation, token)
         version_tag = protocol.txn_version(token, last)
         n = int(spark.conf.get("spark.sql.shuffle.partitions") or 200)
         keys = None
-        if self.spec.mode == "append" or fresh:
-            # An append, or the first write of an aggregate: no key can match in the new, empty
-            # table, so the per-key sums are appended, saving MERGE's join.
+        if self.spec.mode == "append" or holds_no_files(spark, self.path):
+            # An append, or an aggregate's write into a table without rows (new, made ready
+            # ahead by ``prepare``, or restored to before its first write): no key can match,
+            # so the per-key sums are appended, saving MERGE's join.
             if self.spec.mode != "append":
                 from pyspark.sql import functions as F
 
-                schema = df.schema  # the table's, as _ensure_table created it (a sum may widen a type)
+                schema = spark.read.format("delta").load(self.path).schema  # a sum may widen a type
                 df, keys = layout.sums_by_key(df, self.spec.keys, self.spec.sums, self.partitioning, n, last)
                 df = df.select(*[F.col(f"`{f.name}`").cast(f.dataType).alias(f.name) for f in schema.fields])
             writer = df.write
