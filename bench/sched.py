@@ -37,7 +37,7 @@ def oracle_views(paths: list[Path]) -> int:
 
 def run_group(spark: Any, work: Path, landing: Path, files: int, level: int | str, tag: str) -> tuple[float, Any]:
     """One group of ``files`` one-file epochs at a concurrency level; returns seconds and spec."""
-    from sluice import service
+    from sluice import execution
     from sluice.store import EpochLog
 
     root = work / "runs" / tag
@@ -51,7 +51,7 @@ def run_group(spark: Any, work: Path, landing: Path, files: int, level: int | st
     spec = write_spec(root, raw)
     epoch_log = EpochLog(f"sqlite:///{root / 'sluice.db'}")
     t0 = time.perf_counter()
-    service.run_once(spec, epoch_log, spark, epoch_size=1, k=files)
+    execution.run_once(spec, epoch_log, spark, epoch_size=1, k=files)
     elapsed = time.perf_counter() - t0
     epoch_log.engine.dispose()
     return elapsed, spec
@@ -95,7 +95,7 @@ def concurrency(spark: Any, work: Path, files: int, per_file: int, reps: int) ->
 def auto_tuning(spark: Any, work: Path, groups: int, files: int, per_file: int) -> list[dict[str, Any]]:
     """Successive groups of one pipeline with ``concurrent_epochs: auto``: the level the
     controller picks for each, and the throughput it saw."""
-    from sluice import service
+    from sluice import execution
     from sluice.store import EpochLog
 
     root = work / "auto"
@@ -112,7 +112,7 @@ def auto_tuning(spark: Any, work: Path, groups: int, files: int, per_file: int) 
         else:
             _land_more(landing, files, per_file, g)
         t0 = time.perf_counter()
-        done = service.run_once(spec, epoch_log, spark, epoch_size=1, k=files)
+        done = execution.run_once(spec, epoch_log, spark, epoch_size=1, k=files)
         elapsed = time.perf_counter() - t0
         epochs = done[0]["group"]["epochs"]
         level = max(int(e["timings"].get("concurrency", 1)) for e in epochs)

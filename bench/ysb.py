@@ -3,7 +3,7 @@ plain Spark batch job, over the same files, in the same SparkSession, in the sam
 
     python -m bench.ysb [--quick] [--files 16] [--events-per-file 40000] [--reps 3]
 
-(a) **sluice**: ``service.run_once`` plans one group of all files at ``n`` files per epoch
+(a) **sluice**: ``execution.run_once`` plans one group of all files at ``n`` files per epoch
     (epoch log, manifest, lease), then runs it (one scan, one Delta commit per table for the
     whole group: ``commit: group``), publishes and writes epoch records.
 (b) **Structured Streaming**: ``readStream`` of the same folder, ``maxFilesPerTrigger = n``,
@@ -62,13 +62,13 @@ class Bench:
 
     # (a) ---------------------------------------------------------------------------------------
     def sluice(self, n: int) -> tuple[float, Any]:
-        from sluice import service
+        from sluice import execution
         from sluice.store import EpochLog
 
         spec, root = self._spec("sluice", n)
         epoch_log = EpochLog(f"sqlite:///{root / 'sluice.db'}")
         t0 = time.perf_counter()
-        done = service.run_once(spec, epoch_log, self.spark, epoch_size=n, k=math.ceil(self.files / n))
+        done = execution.run_once(spec, epoch_log, self.spark, epoch_size=n, k=math.ceil(self.files / n))
         elapsed = time.perf_counter() - t0
         epochs = [e for g in done for e in g["group"]["epochs"]]
         assert len(epochs) == math.ceil(self.files / n), f"sluice ran {len(epochs)} epochs"

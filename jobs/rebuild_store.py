@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT / "plugins") not in sys.path:
     sys.path.insert(0, str(ROOT / "plugins"))
 
-from sluice import operations, service  # noqa: E402
+from sluice import execution  # noqa: E402
 from sluice.errors import SluiceError  # noqa: E402
 from sluice.spark import get_session  # noqa: E402
 from sluice.spec import get_spec  # noqa: E402
@@ -39,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     epoch_log = EpochLog(args.store_url or os.environ.get("SLUICE_STORE_URL"))
     spark = get_session(f"sluice-rebuild-{spec.name}", extra_conf=spec.spark.conf)
     try:
-        report = operations.rebuild_store(spec, epoch_log, spark, service.cli_owner())
+        report = execution.rebuild_store(spec, epoch_log, spark, execution.cli_owner())
     finally:
         spark.stop()
     print(json.dumps(report, default=str))

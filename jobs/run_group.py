@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT / "plugins") not in sys.path:  # spark-submit puts only this folder on sys.path
     sys.path.insert(0, str(ROOT / "plugins"))
 
-from sluice import service  # noqa: E402
+from sluice import execution  # noqa: E402
 from sluice.errors import SluiceError  # noqa: E402
 from sluice.spark import get_session  # noqa: E402
 from sluice.spec import get_spec  # noqa: E402
@@ -56,10 +56,10 @@ def main(argv: list[str] | None = None) -> int:
         return get_session(f"sluice-{spec.name}", extra_conf=spec.spark.conf)
 
     if args.plan:  # plan first: a busy or idle pipeline is reported before a JVM starts
-        result: object = service.run_once(spec, epoch_log, spark, owner=args.owner, epoch_size=args.epoch_size,
-                                          k=args.k, drain=args.drain, extra=args.plan_extra)
+        result: object = execution.run_once(spec, epoch_log, spark, owner=args.owner, epoch_size=args.epoch_size,
+                                            k=args.k, drain=args.drain, extra=args.plan_extra)
     else:
-        result = service.run(spec, epoch_log, args.owner or service.cli_owner(), group_id, spark())
+        result = execution.run(spec, epoch_log, args.owner or execution.cli_owner(), group_id, spark())
     print(json.dumps(result, default=str))
     return 0
 

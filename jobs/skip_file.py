@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT / "plugins") not in sys.path:
     sys.path.insert(0, str(ROOT / "plugins"))
 
-from sluice import operations  # noqa: E402
+from sluice import execution  # noqa: E402
 from sluice.errors import SluiceError  # noqa: E402
 from sluice.spec import get_spec  # noqa: E402
 from sluice.store import EpochLog  # noqa: E402
@@ -38,7 +38,7 @@ def main(argv: list[str] | None = None) -> int:
     spec = get_spec(args.pipeline)
     epoch_log = EpochLog(args.store_url or os.environ.get("SLUICE_STORE_URL"))
     try:
-        report = operations.skip_file(spec, epoch_log, args.file, by=args.by, reason=args.reason)
+        report = execution.skip_file(spec, epoch_log, args.file, by=args.by, reason=args.reason)
     finally:
         epoch_log.close()
     print(json.dumps(report, default=str))

@@ -165,11 +165,6 @@ def txn_epoch(version: int) -> int:
     return (version & ((1 << TXN_EPOCH_BITS) - 1)) - 1
 
 
-def already_written(recorded_txn_version: int | None, token: int, last_epoch: int) -> bool:
-    """Whether Delta would skip a write: its txnVersion is not above the recorded one."""
-    return recorded_txn_version is not None and recorded_txn_version >= txn_version(token, last_epoch)
-
-
 def fenced_out(recorded_txn_version: int | None, token: int) -> bool:
     """Whether a newer owner's token is recorded in the table (this run may not write it)."""
     return recorded_txn_version is not None and txn_token(recorded_txn_version) > token

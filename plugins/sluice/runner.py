@@ -1,5 +1,6 @@
 """Run one group's epochs in one SparkSession: read exactly each range, transform, write the
-sinks exactly once, record the commit (steps 3 and 4 of the protocol), then publish.
+sinks exactly once, record the commit (steps 3 and 4 of the protocol; ``sluice.execution``
+tells the whole story and calls this).
 
 This is the Spark side of sluice; ``jobs/run_group.py`` is its command line, used by
 ``spark-submit`` and in-process alike.
@@ -24,8 +25,7 @@ from sluice.sinks.delta import DeltaSink, EpochRange, SinkCommit, describe, reje
 from sluice.sources import FileSource
 from sluice.spark import is_connect
 from sluice.spec import PipelineSpec, SinkSpec
-from sluice.store import Epoch, EpochLog, Group, Lease, records
-from sluice.store.epoch_log import utcnow
+from sluice.store import Epoch, EpochLog, Group, Lease
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -818,38 +818,3 @@ def quarantine_rows(bad: DataFrame, spec: PipelineSpec, sink: str, epoch: Epoch)
         F.to_json(F.struct(*[F.col(f"`{c}`") for c in columns]), {"ignoreNullFields": "false"}).alias("record"))
 
 
-def write_epoch_records(spec: PipelineSpec, epoch_log: EpochLog, group: Group) -> list[str]:
-    """The JSON records of a group's epochs as published, next to each table
-    (``sluice.store.records``). Each names the files of its range, so the store (manifest
-    included) can be rebuilt from them alone. Written before the store publishes the group (and
-    again by a retry): no crash leaves a published epoch without its record."""
-    written = []
-    files = {e.epoch_id: [[f.path, f.size, f.mtime] for f in epoch_log.manifest(spec.name, e.start, e.end)]
-             for e in group.epochs}
-    now = utcnow()
-    for sink in spec.sinks:
-        for epoch in group.epochs:
-            if epoch.state not in (protocol.COMMITTED, protocol.PUBLISHED):
-                continue
-            published = replace(epoch, state=protocol.PUBLISHED, published_at=epoch.published_at or now)
-            path = records.write_epoch(sink.path, dict(published.as_record(), sink=sink.name,
-                                                        version=epoch.delta_versions.get(sink.name),
-                                                        files=files[epoch.epoch_id]))
-            written.append(str(path))
-    return written
-
-
-def write_rollback_record(spec: PipelineSpec, record: dict[str, Any]) -> None:
-    """Note a rollback next to each table: a store rebuilt from the epoch records must not
-    revive the epochs it rolled back."""
-    for sink in spec.sinks:
-        records.write_rollback(sink.path, record)
-
-
-def publish(spec: PipelineSpec, epoch_log: EpochLog, lease: Lease, group_id: int) -> Group:
-    """Checkpoint: the group's committed epochs become ``published``; their JSON records are
-    written first (idempotent), so a crash in between leaves nothing for a retry to miss."""
-    epoch_log.check_lease(lease)
-    write_epoch_records(spec, epoch_log, epoch_log.group(spec.name, group_id))
-    faults.maybe_fail("before_publish")
-    return epoch_log.finish_group(lease, group_id, protocol.PUBLISHED)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from include.generators.ysb import parse_valid
-from sluice import protocol, service
+from sluice import execution, protocol
 from sluice.spec import get_spec
 from sluice.store import EpochLog
 from tests.pipelines import assert_matches_oracle, land, landed, make_pipeline
@@ -167,7 +167,7 @@ def test_halted_pipeline_then_sluice_rollback_and_sluice_recover_dags(spark):
     log = EpochLog()
     assert log.lease_holder(name) is None, "a failed run gives its lease up"
     with pytest.raises(PipelineHaltedError):
-        service.plan(spec, log, "probe")
+        execution.plan(spec, log, "probe")
     dr = bag.dags["sluice_recover"].test(run_conf={"pipeline": name})
     assert {ti.task_id: ti.state for ti in dr.get_task_instances()}["validate"] == "failed"
 

@@ -9,7 +9,7 @@ import shutil
 
 import pytest
 
-from sluice import protocol, service
+from sluice import execution, protocol
 from sluice.errors import SourceError
 from sluice.store import EpochLog
 from tests.pipelines import assert_matches_oracle, invalid_lines, land, make_pipeline, rejected_lines
@@ -19,22 +19,22 @@ def test_vanished_file_fails_clearly_then_reruns_same_range(spark, tmp_path):
     log = EpochLog()
     spec = make_pipeline("vanished_file", **{"control.epoch_files": 2, "control.group_epochs": 2})
     files = land(spec, files=4, malformed_fraction=0.05)
-    planned = service.plan(spec, log, "test-owner")
+    planned = execution.plan(spec, log, "test-owner")
     victim = files[2]  # in epoch 1
     stat = victim.stat()
     shutil.move(victim, tmp_path / victim.name)
     with pytest.raises(SourceError) as info:
-        service.run(spec, log, "test-owner", planned.group_id, spark)
+        execution.run(spec, log, "test-owner", planned.group_id, spark)
     message = str(info.value)
     assert "'vanished_file'" in message and str(victim) in message and "no longer in the landing folder" in message
     epochs = log.epochs(spec.name)
     # One commit per group: the group (epochs 0 and 1) fails as a whole, naming the file.
     assert epochs[0].state == protocol.FAILED and epochs[1].state == protocol.FAILED
     assert str(victim) in epochs[1].error
-    service.release(spec, log, "test-owner")
+    execution.release(spec, log, "test-owner")
     shutil.move(tmp_path / victim.name, victim)
     os.utime(victim, ns=(stat.st_atime_ns, stat.st_mtime_ns))
-    service.run_once(spec, log, spark, drain=True)
+    execution.run_once(spec, log, spark, drain=True)
     after = log.epochs(spec.name)
     assert [(e.start, e.end) for e in after] == [(e.start, e.end) for e in epochs], "ranges never change"
     assert_matches_oracle(spark, spec, log)
@@ -49,7 +49,7 @@ def test_csv_source_reports_bad_rows_with_file_and_line(spark):
     (spec.landing_dir / "a.csv").write_text(f"{header}\n{good}\nu2,p2,,banner,view,1767225600001,1.2.3.4\n"
                                             f"{good}\nu3,p3,a3,banner,view,yesterday,1.2.3.4\n")
     log = EpochLog()
-    service.run_once(spec, log, spark, drain=True)
+    execution.run_once(spec, log, spark, drain=True)
     rows = spark.read.format("delta").load(spec.sinks[0].path).collect()
     assert len(rows) == 2 and all(r["ad_id"] == "a1" for r in rows)
     rejected = {(r["line"], r["reason"].split(":")[0]) for r in spark.read.format("delta").load(spec.rejected_table)
@@ -74,7 +74,7 @@ def test_bad_files_go_to_rejected_line_by_line_and_nothing_halts(spark):
     (folder / "bad-big-line.json").write_text(lines[2] + "\n\n" + '{"ad_id": "' + "y" * (2 * 1024 * 1024) + '"}\n'
                                               + lines[3] + "\n")
     log = EpochLog()
-    service.run_once(spec, log, spark, drain=True)
+    execution.run_once(spec, log, spark, drain=True)
     assert_matches_oracle(spark, spec, log)
     assert log.halt_reason(spec.name, spec.control.max_attempts) is None
     rows = spark.read.format("delta").load(spec.rejected_table).collect()
@@ -112,7 +112,7 @@ def test_files_read_line_by_line_in_several_blocks_report_each_bad_line_exactly(
     try:
         assert min(p.stat().st_size for p in paths) > 3 * 65536, "each file spans several blocks"
         log = EpochLog()
-        service.run_once(spec, log, spark, drain=True)
+        execution.run_once(spec, log, spark, drain=True)
     finally:
         spark.conf.set("spark.sql.files.maxPartitionBytes", before)
     assert_matches_oracle(spark, spec, log)

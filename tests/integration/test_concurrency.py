@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from include.generators.ysb import parse_valid
-from sluice import protocol, service
+from sluice import execution, protocol
 from sluice.errors import SpecError
 from sluice.faults import InjectedFault
 from sluice.store import EpochLog
@@ -59,7 +59,7 @@ def test_concurrent_epochs_commit_in_order_and_exactly_once(spark):
     spec = concurrent_pipeline("concurrent_ok")
     land(spec, files=6, rate_per_file=300, malformed_fraction=0.03)
     log = EpochLog()
-    done = service.run_once(spec, log, spark)
+    done = execution.run_once(spec, log, spark)
     epochs = log.epochs(spec.name)
     assert [e.state for e in epochs] == [protocol.PUBLISHED] * 6
     assert {e.timings.get("concurrency") for e in epochs} == {3}, "the epochs were not computed concurrently"
@@ -85,14 +85,14 @@ def test_a_failure_stops_later_epochs_and_the_rerun_lands_everything_once(spark,
     monkeypatch.setenv("SLUICE_FAULT", "mid_write@2")
     monkeypatch.setenv("SLUICE_FAULT_MODE", "raise")
     with pytest.raises(InjectedFault) as info:
-        service.run_once(spec, log, spark)
+        execution.run_once(spec, log, spark)
     assert "injected fault at mid_write (epoch 2)" in str(info.value)
     states = [e.state for e in log.epochs(spec.name)]
     assert states[:3] == [protocol.COMMITTED, protocol.COMMITTED, protocol.FAILED], states
     assert all(s not in (protocol.COMMITTED, protocol.PUBLISHED) for s in states[3:]), states
     assert [c["epoch"] for c in delta_commits(spec.sinks[0].path)] == [0, 1]
     monkeypatch.delenv("SLUICE_FAULT")
-    service.run_once(spec, log, spark)
+    execution.run_once(spec, log, spark)
     assert [e.state for e in log.epochs(spec.name)] == [protocol.PUBLISHED] * 5
     assert table_views(spark, spec.sinks[0].path) == view_oracle(landed(spec))
     assert sorted(rejected_lines(spark, spec)) == sorted(invalid_lines(landed(spec)))

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from sluice import protocol, service
+from sluice import execution, protocol
 from sluice.errors import PipelineBusyError
 from sluice.faults import InjectedFault
 from sluice.paths import project_root
@@ -120,7 +120,7 @@ def test_sigkill_then_rerun_is_exactly_once(point, spark, epoch_log):
     assert_crashed_at(point, spark, spec, epoch_log)
     land(spec, files=2, seed=2, malformed_fraction=0.03)  # more data arrives meanwhile
     # The dead process's lease is taken over (same host, process gone); its epochs rerun first.
-    groups = service.run_once(spec, epoch_log, spark, drain=True)
+    groups = execution.run_once(spec, epoch_log, spark, drain=True)
     if point != "before_publish":
         assert groups[0]["group"]["plan"]["reason"].startswith("reprocess epochs")
     assert_matches_oracle(spark, spec, epoch_log)
@@ -137,7 +137,7 @@ def test_sigkill_between_the_restores_of_a_rerun(spark, epoch_log):
     kill_at(spec, "mid_reconcile", at=None)
     main = committed_txn_version(spark, spec.sinks[0].path, protocol.sink_app_id(spec.name, "campaign_views", 0))
     assert protocol.txn_token(main) >= 2, "the second run fenced the tables with its own token"
-    service.run_once(spec, epoch_log, spark, drain=True)
+    execution.run_once(spec, epoch_log, spark, drain=True)
     assert_matches_oracle(spark, spec, epoch_log)
     assert_records_complete(spec, epoch_log)
 
@@ -149,7 +149,7 @@ def test_injected_exception_then_rerun_is_exactly_once_per_epoch_commits(point, 
     land(spec, files=4, malformed_fraction=0.03, late_fraction=0.05)
     monkeypatch.setenv("SLUICE_FAULT", f"{point}@1")
     with pytest.raises(InjectedFault):
-        service.run_once(spec, epoch_log, spark)
+        execution.run_once(spec, epoch_log, spark)
     epochs = {e.epoch_id: e for e in epoch_log.epochs(spec.name)}
     main = app_txn(spark, spec, spec.sinks[0].path, spec.sinks[0].name)
     if point == "mid_write":
@@ -160,7 +160,7 @@ def test_injected_exception_then_rerun_is_exactly_once_per_epoch_commits(point, 
     if point != "after_plan":
         assert "InjectedFault" in epoch_log.epochs(spec.name)[1].error
     monkeypatch.delenv("SLUICE_FAULT")
-    service.run_once(spec, epoch_log, spark, drain=True)
+    execution.run_once(spec, epoch_log, spark, drain=True)
     assert_matches_oracle(spark, spec, epoch_log)
     versions = {e.delta_versions["campaign_views"] for e in epoch_log.epochs(spec.name)}
     assert len(versions) == 2, "commit: epoch gives each epoch its own Delta version"
@@ -175,7 +175,7 @@ def test_a_write_under_an_older_token_is_refused_by_delta(spark, epoch_log):
 
     spec = make_pipeline("fenced_write", **{"control.epoch_files": 2, "control.group_epochs": 2})
     land(spec, files=4, malformed_fraction=0.03)
-    service.run_once(spec, epoch_log, spark, drain=True)
+    execution.run_once(spec, epoch_log, spark, drain=True)
     sink = next(t for t in pipeline_tables(spec) if t.spec.name == "campaign_views")
     old = epoch_log.acquire_lease(spec.name, "old-owner")
     epoch_log.release_lease(old)
@@ -196,8 +196,6 @@ def test_a_zombie_stopped_in_its_group_commit_is_refused_after_a_take_over(spark
     """SIGSTOP a run between the two tables of its group commit until its lease expires; a new
     owner takes over, reruns the group, rolls back and recomputes; SIGCONT: the zombie's commit
     is refused by the table (its token is below the new owner's) and the tables equal the oracle."""
-    from sluice import operations
-
     spec = make_pipeline("zombie", **{"control.epoch_files": 2, "control.group_epochs": 2,
                                       "control.lease_ttl_s": 6})
     land(spec, files=4, malformed_fraction=0.05)
@@ -214,13 +212,13 @@ def test_a_zombie_stopped_in_its_group_commit_is_refused_after_a_take_over(spark
         while epoch_log.lease_holder(spec.name) is not None:  # its lease expires: no renewal while stopped
             assert time.monotonic() < deadline
             time.sleep(0.5)
-        service.run_once(spec, epoch_log, spark, owner="new-owner", drain=True)
+        execution.run_once(spec, epoch_log, spark, owner="new-owner", drain=True)
         assert_matches_oracle(spark, spec, epoch_log)
         lease = epoch_log.acquire_lease(spec.name, "new-owner")
-        report = operations.rollback(spec, epoch_log, spark, lease, to_epoch=0, reason="zombie test", recompute=True)
-        service.run(spec, epoch_log, "new-owner", report["group_id"], spark)
-        service.validate(spec, epoch_log, "new-owner")
-        service.checkpoint(spec, epoch_log, "new-owner")
+        report = execution.rollback(spec, epoch_log, spark, lease, to_epoch=0, reason="zombie test", recompute=True)
+        execution.run(spec, epoch_log, "new-owner", report["group_id"], spark)
+        execution.validate(spec, epoch_log, "new-owner")
+        execution.checkpoint(spec, epoch_log, "new-owner")
     except BaseException as exc:
         failure = exc
     finally:
@@ -256,7 +254,7 @@ def test_two_concurrent_runs_one_fails_fast(spark, epoch_log):
     with pytest.raises(PipelineBusyError):  # and in-process, while a lease is held
         other = epoch_log.acquire_lease(spec.name, "holder")
         try:
-            service.plan(spec, epoch_log, "intruder")
+            execution.plan(spec, epoch_log, "intruder")
         finally:
             epoch_log.release_lease(other)
     assert_matches_oracle(spark, spec, epoch_log)

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from include.generators.ysb import expected_window_counts, parse_valid
-from sluice import operations, protocol, service
+from sluice import execution, protocol
 from sluice.errors import PipelineHaltedError, SluiceError
 from sluice.faults import InjectedFault
 from sluice.store import EpochLog
@@ -45,13 +45,13 @@ def null_campaign_rows(spark, spec) -> int:
 
 
 def rollback_and_recompute(spark, spec, epoch_log, to_epoch: int) -> dict:
-    owner = service.cli_owner()
+    owner = execution.cli_owner()
     lease = epoch_log.acquire_lease(spec.name, owner)
-    report = operations.rollback(spec, epoch_log, spark, lease, to_epoch=to_epoch, reason="fixed transform",
-                                 recompute=True)
-    service.run(spec, epoch_log, owner, report["group_id"], spark)
-    service.validate(spec, epoch_log, owner)
-    service.checkpoint(spec, epoch_log, owner)
+    report = execution.rollback(spec, epoch_log, spark, lease, to_epoch=to_epoch, reason="fixed transform",
+                                recompute=True)
+    execution.run(spec, epoch_log, owner, report["group_id"], spark)
+    execution.validate(spec, epoch_log, owner)
+    execution.checkpoint(spec, epoch_log, owner)
     return report
 
 
@@ -63,7 +63,7 @@ def test_rollback_story(spark, epoch_log, policy):
     spec = make_pipeline(name, **{"control.epoch_files": 2, "control.group_epochs": 2,
                                   "validation.policy": policy, "spark.mode": "in_process"})
     land(spec, files=8, seed=7)
-    service.run_once(spec, epoch_log, spark)  # epochs 0, 1 with the good transform
+    execution.run_once(spec, epoch_log, spark)  # epochs 0, 1 with the good transform
     assert states(epoch_log, spec) == {0: "published", 1: "published"}
     version_before = spark.sql(f"DESCRIBE HISTORY delta.`{spec.sinks[0].path}` LIMIT 1").first()["version"]
 
@@ -71,7 +71,7 @@ def test_rollback_story(spark, epoch_log, policy):
                                                      "validation.policy": policy, "spark.mode": "in_process"})
     if policy == "fail":
         with pytest.raises(ValidationFailedError, match=r"epoch 2 .*failed validation.*campaign_id"):
-            service.run_once(buggy, epoch_log, spark)
+            execution.run_once(buggy, epoch_log, spark)
         # Nothing of the bad epoch (or the one after it) reached the table.
         assert states(epoch_log, spec) == {0: "published", 1: "published", 2: "failed", 3: "planned"}
         assert null_campaign_rows(spark, spec) == 0
@@ -81,9 +81,9 @@ def test_rollback_story(spark, epoch_log, policy):
         assert failed.validation["campaign_views"]["failed"][0]["expectation"] == \
             "expect_column_values_to_not_be_null"
         with pytest.raises(PipelineHaltedError, match="epoch 2 failed validation"):
-            service.run_once(spec, epoch_log, spark)
+            execution.run_once(spec, epoch_log, spark)
     else:
-        service.run_once(buggy, epoch_log, spark, drain=True)
+        execution.run_once(buggy, epoch_log, spark, drain=True)
         assert set(states(epoch_log, spec).values()) == {"published"}
         assert null_campaign_rows(spark, spec) == 0, "failing rows must not reach the table"
         quarantine = spark.read.format("delta").load(spec.quarantine_table)
@@ -98,7 +98,7 @@ def test_rollback_story(spark, epoch_log, policy):
 
     report = rollback_and_recompute(spark, spec, epoch_log, to_epoch=2)  # the fixed (original) transform
     assert report["generation"] == 1
-    service.run_once(spec, epoch_log, spark, drain=True)
+    execution.run_once(spec, epoch_log, spark, drain=True)
     assert_matches_oracle(spark, spec, epoch_log)
     assert epoch_log.generation(spec.name) == 1
     old = epoch_log.epochs(spec.name, generation=0)
@@ -111,7 +111,7 @@ def test_rollback_is_refused_past_retention_and_changes_nothing(spark, epoch_log
     spec = make_pipeline("refused", **{"control.epoch_files": 2, "control.group_epochs": 1,
                                        "spark.mode": "in_process"})
     land(spec, files=6, seed=8)
-    service.run_once(spec, epoch_log, spark, drain=True)
+    execution.run_once(spec, epoch_log, spark, drain=True)
     table = spec.sinks[0].path
 
     def snapshot():
@@ -124,8 +124,8 @@ def test_rollback_is_refused_past_retention_and_changes_nothing(spark, epoch_log
     gone = landed(spec)[3]  # a file of epoch 1
     moved = gone.with_name("_" + gone.name)
     gone.rename(moved)
-    with pytest.raises(operations.RollbackRefusedError, match=f"source no longer holds.*{gone.name}"):
-        operations.rollback(spec, epoch_log, spark, lease, to_epoch=1, reason="test", recompute=True)
+    with pytest.raises(execution.RollbackRefusedError, match=f"source no longer holds.*{gone.name}"):
+        execution.rollback(spec, epoch_log, spark, lease, to_epoch=1, reason="test", recompute=True)
     assert snapshot() == before
     moved.rename(gone)
 
@@ -136,8 +136,8 @@ def test_rollback_is_refused_past_retention_and_changes_nothing(spark, epoch_log
     finally:
         spark.conf.unset("spark.databricks.delta.retentionDurationCheck.enabled")
     before = snapshot()  # VACUUM itself commits (VACUUM START/END)
-    with pytest.raises(operations.RollbackRefusedError, match="vacuumed"):
-        operations.rollback(spec, epoch_log, spark, lease, to_epoch=1, reason="test", recompute=True)
+    with pytest.raises(execution.RollbackRefusedError, match="vacuumed"):
+        execution.rollback(spec, epoch_log, spark, lease, to_epoch=1, reason="test", recompute=True)
     assert snapshot() == before
     epoch_log.release_lease(lease)
 
@@ -150,14 +150,14 @@ def test_store_loss_rebuild_then_continue(spark, tmp_path):
     db = tmp_path / "store.db"
     epoch_log = EpochLog(f"sqlite:///{db}")
     land(spec, files=12, seed=9)
-    service.run_once(spec, epoch_log, spark)  # group 0: epochs 0, 1 published
-    service.run_once(spec, epoch_log, spark, epoch_size=3, k=1)  # group 1: epoch 2 of 3 files
+    execution.run_once(spec, epoch_log, spark)  # group 0: epochs 0, 1 published
+    execution.run_once(spec, epoch_log, spark, epoch_size=3, k=1)  # group 1: epoch 2 of 3 files
     import os
 
     os.environ["SLUICE_FAULT"] = "after_delta_commit@4"
     try:
         with pytest.raises(InjectedFault):  # epoch 3 committed, epoch 4 in Delta only, unpublished
-            service.run_once(spec, epoch_log, spark)
+            execution.run_once(spec, epoch_log, spark)
     finally:
         del os.environ["SLUICE_FAULT"]
     # One group commit: epochs 3 and 4 are in Delta, not in the log.
@@ -180,16 +180,16 @@ def test_store_loss_rebuild_then_continue(spark, tmp_path):
     assert proc.returncode == -signal.SIGKILL, proc.stderr[-3000:]
     rebuilt = EpochLog(f"sqlite:///{db}")
     with pytest.raises(PipelineHaltedError, match="store rebuild"):
-        service.run_once(spec, rebuilt, spark)
-    report = operations.rebuild_store(spec, rebuilt, spark, "rebuild-test")
+        execution.run_once(spec, rebuilt, spark)
+    report = execution.rebuild_store(spec, rebuilt, spark, "rebuild-test")
     assert report["resumed"] and report["epochs"] == 3 and report["files"] == 7
     assert report["rolled_back_orphans"] is not None, "epochs 3 and 4 were in the tables: they must go"
     assert report["generation"] == 1
     assert [(e.epoch_id, e.start, e.end, e.state) for e in rebuilt.epochs(spec.name)] == \
         [(0, 0, 2, "published"), (1, 2, 4, "published"), (2, 4, 7, "published")]
     with pytest.raises(SluiceError, match="already holds"):
-        operations.rebuild_store(spec, rebuilt, spark, "rebuild-test")
-    service.run_once(spec, rebuilt, spark, drain=True)
+        execution.rebuild_store(spec, rebuilt, spark, "rebuild-test")
+    execution.run_once(spec, rebuilt, spark, drain=True)
     assert_matches_oracle(spark, spec, rebuilt)
     rebuilt.close()
 
@@ -209,12 +209,12 @@ def test_poison_record_named_then_rejected_after_the_fix(spark, epoch_log):
 
     # One group commit: the group (epochs 0 and 1) fails, naming the record and its epoch.
     with pytest.raises(SluiceError, match=rf"epochs 0\.\.1 .*poison record at {target} line {n} \(epoch 1\):"):
-        service.run_once(spec, epoch_log, spark, drain=True)
+        execution.run_once(spec, epoch_log, spark, drain=True)
     assert states(epoch_log, spec) == {0: "failed", 1: "failed"}
     assert str(target) in epoch_log.epochs(spec.name)[1].error
 
     fixed = make_pipeline("poison", base="ysb_clean", **overrides)  # the shipped check rejects it
-    service.run_once(fixed, epoch_log, spark, drain=True)
+    execution.run_once(fixed, epoch_log, spark, drain=True)
     assert set(states(epoch_log, spec).values()) == {"published"}
     rows = spark.read.format("delta").load(spec.sinks[0].path).collect()
     got = Counter((r["ad_id"], int(r["event_time"].timestamp() * 1000)) for r in rows)
@@ -237,25 +237,25 @@ def test_vanished_file_halts_at_max_attempts_then_a_recorded_skip_lets_the_pipel
     spec = make_pipeline("skip_vanished", **{"control.epoch_files": 2, "control.group_epochs": 2,
                                              "control.max_attempts": 3})
     files = land(spec, files=4, malformed_fraction=0.05)
-    planned = service.plan(spec, epoch_log, "run")
+    planned = execution.plan(spec, epoch_log, "run")
     victim = files[3]
     victim.unlink()
     for _ in range(3):
         with pytest.raises(SluiceError, match="no longer in the landing folder") as info:
-            service.run(spec, epoch_log, "run", planned.group_id, spark)
+            execution.run(spec, epoch_log, "run", planned.group_id, spark)
         assert str(victim) in str(info.value) and "sluice_skip_file" in str(info.value)
     assert epoch_log.epochs(spec.name)[1].attempts == 3
     with pytest.raises(PipelineHaltedError, match="failed 3 times"):
-        service.run(spec, epoch_log, "run", planned.group_id, spark)
+        execution.run(spec, epoch_log, "run", planned.group_id, spark)
     assert epoch_log.epochs(spec.name)[1].attempts == 3, "no attempt past max_attempts"
-    service.release(spec, epoch_log, "run")
+    execution.release(spec, epoch_log, "run")
     assert str(victim) in epoch_log.halt_reason(spec.name, 3)
     with pytest.raises(PipelineHaltedError):
-        service.plan(spec, epoch_log, "next")
-    report = operations.skip_file(spec, epoch_log, victim.name, by="ops:test", reason="upload lost")
+        execution.plan(spec, epoch_log, "next")
+    report = execution.skip_file(spec, epoch_log, victim.name, by="ops:test", reason="upload lost")
     assert report["file"] == str(victim) and report["epochs"] == [1]
     assert epoch_log.halt_reason(spec.name, 3) is None
-    service.run_once(spec, epoch_log, spark, drain=True)
+    execution.run_once(spec, epoch_log, spark, drain=True)
     assert {e.state for e in epoch_log.epochs(spec.name)} == {protocol.PUBLISHED}
     remaining = landed(spec)
     assert table_counts(spark, spec) == expected_window_counts(remaining)
@@ -274,28 +274,28 @@ def test_rollback_into_the_middle_of_a_group_commit(spark, epoch_log, mode):
     spec = make_pipeline(f"in_group_{mode}", **{"control.epoch_files": 2, "control.group_epochs": 4,
                                                 "spark.mode": "in_process"})
     land(spec, files=8, seed=11, malformed_fraction=0.03)
-    service.run_once(spec, epoch_log, spark)
+    execution.run_once(spec, epoch_log, spark)
     before = {e.epoch_id: (e.start, e.end) for e in epoch_log.epochs(spec.name)}
     assert len({e.delta_versions["campaign_views"] for e in epoch_log.epochs(spec.name)}) == 1, "one group commit"
-    owner = service.cli_owner()
+    owner = execution.cli_owner()
     lease = epoch_log.acquire_lease(spec.name, owner)
     if mode == "backfill":
         epoch_log.begin_rollback(lease, {"to_epoch": 2, "through_epoch": 3, "reason": "backfill test",
                                          "owner": owner})
-        report = service.run(spec, epoch_log, owner, None, spark)["rollbacks"][0]
+        report = execution.run(spec, epoch_log, owner, None, spark)["rollbacks"][0]
     else:
-        report = operations.rollback(spec, epoch_log, spark, lease, to_epoch=2, reason="in-group test",
-                                     recompute=mode == "recompute")
-        service.run(spec, epoch_log, owner, report["group_id"], spark)
+        report = execution.rollback(spec, epoch_log, spark, lease, to_epoch=2, reason="in-group test",
+                                    recompute=mode == "recompute")
+        execution.run(spec, epoch_log, owner, report["group_id"], spark)
     assert (report["to_epoch"], report["restored_to_epoch"], report["generation"]) == (2, 0, 1)
-    service.validate(spec, epoch_log, owner)
-    service.checkpoint(spec, epoch_log, owner)
+    execution.validate(spec, epoch_log, owner)
+    execution.checkpoint(spec, epoch_log, owner)
     assert epoch_log.pending_rollback(spec.name) is None
     now = {e.epoch_id: (e.start, e.end) for e in epoch_log.epochs(spec.name)}
     assert now[0] == before[0] and now[1] == before[1], "epochs before to_epoch keep their recorded ranges"
     if mode == "only":
         assert set(now) == {0, 1}, "epochs 2, 3 are rolled back, not planned again"
-        service.run_once(spec, epoch_log, spark, drain=True)
+        execution.run_once(spec, epoch_log, spark, drain=True)
     else:
         assert now == before
     assert epoch_log.generation(spec.name) == 1
@@ -314,14 +314,14 @@ def test_a_failure_after_rejected_was_written_loses_nothing_a_new_check_rejects(
     land(spec, files=4, seed=12, malformed_fraction=0.05)
     monkeypatch.setenv("SLUICE_FAULT", "mid_write")
     with pytest.raises(InjectedFault):
-        service.run_once(spec, epoch_log, spark)
+        execution.run_once(spec, epoch_log, spark)
     monkeypatch.delenv("SLUICE_FAULT")
     assert rejected_lines(spark, spec), "the group's _rejected commit landed before the failure"
     assert states(epoch_log, spec) == {0: "failed", 1: "failed"}
 
     checks = {**spec.source.checks, "no_purchases": "event_type <> 'purchase'"}
     fixed = make_pipeline("fix_after_partial", **overrides, **{"source.checks": checks})
-    service.run_once(fixed, epoch_log, spark, drain=True)
+    execution.run_once(fixed, epoch_log, spark, drain=True)
     paths = landed(spec)
     purchases = {(p, n) for p, n, event in raw_events(paths) if event and event["event_type"] == "purchase"}
     assert purchases, "the data holds purchases"
@@ -343,13 +343,13 @@ def test_sigkill_between_the_restores_of_a_rollback(spark, epoch_log):
     spec = make_pipeline("kill_rollback", **{"control.epoch_files": 2, "control.group_epochs": 2,
                                              "spark.mode": "in_process"})
     land(spec, files=8, seed=13, malformed_fraction=0.05)
-    service.run_once(spec, epoch_log, spark, drain=True)
+    execution.run_once(spec, epoch_log, spark, drain=True)
     code = ("import sys; sys.path[:0] = ['plugins', '.']\n"
-            "from sluice import operations, service\nfrom sluice.spark import get_session\n"
+            "from sluice import execution\nfrom sluice.spark import get_session\n"
             "from sluice.spec import get_spec\nfrom sluice.store import EpochLog\n"
             f"spec = get_spec({spec.name!r}); log = EpochLog()\n"
-            "lease = log.acquire_lease(spec.name, service.cli_owner())\n"
-            "operations.rollback(spec, log, get_session('kill-rollback'), lease, to_epoch=2, reason='t', "
+            "lease = log.acquire_lease(spec.name, execution.cli_owner())\n"
+            "execution.rollback(spec, log, get_session('kill-rollback'), lease, to_epoch=2, reason='t', "
             "recompute=True)\n")
     proc = subprocess.run([sys.executable, "-c", code], cwd=project_root(), capture_output=True, text=True,
                           env={**__import__("os").environ, "SLUICE_FAULT": "mid_rollback", "SLUICE_FAULT_MODE": "kill"},
@@ -357,9 +357,9 @@ def test_sigkill_between_the_restores_of_a_rollback(spark, epoch_log):
     assert proc.returncode == -signal.SIGKILL, proc.stderr[-3000:]
     assert epoch_log.pending_rollback(spec.name)["to_epoch"] == 2
     with pytest.raises(PipelineHaltedError, match="rollback"):
-        service.run_once(spec, epoch_log, spark)
+        execution.run_once(spec, epoch_log, spark)
     rollback_and_recompute(spark, spec, epoch_log, to_epoch=2)
-    service.run_once(spec, epoch_log, spark, drain=True)
+    execution.run_once(spec, epoch_log, spark, drain=True)
     assert_matches_oracle(spark, spec, epoch_log)
 
 
@@ -370,13 +370,13 @@ def test_a_recorded_intent_whose_preconditions_fail_is_withdrawn(spark, epoch_lo
     spec = make_pipeline("withdrawn_intent", **{"control.epoch_files": 2, "control.group_epochs": 1,
                                                 "spark.mode": "in_process"})
     paths = land(spec, files=4, seed=14)
-    service.run_once(spec, epoch_log, spark, drain=True)
-    owner = service.cli_owner()
+    execution.run_once(spec, epoch_log, spark, drain=True)
+    owner = execution.cli_owner()
     lease = epoch_log.acquire_lease(spec.name, owner)
     epoch_log.begin_rollback(lease, {"to_epoch": 1, "owner": owner, "reason": "backfill test"})
     moved = paths[-1].rename(paths[-1].with_name("_away.json"))
-    with pytest.raises(operations.RollbackRefusedError, match="no longer holds"):
-        operations.rollback(spec, epoch_log, spark, lease, to_epoch=1, reason="backfill test", recompute=True)
+    with pytest.raises(execution.RollbackRefusedError, match="no longer holds"):
+        execution.rollback(spec, epoch_log, spark, lease, to_epoch=1, reason="backfill test", recompute=True)
     epoch_log.release_lease(lease)
     assert epoch_log.pending_rollback(spec.name) is None
     assert epoch_log.halt_reason(spec.name, spec.control.max_attempts) is None

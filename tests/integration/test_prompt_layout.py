@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from sluice import protocol, service
+from sluice import execution, protocol
 from sluice.control.prompt import hash_partition_sizes, imbalance, spark_hash
 from sluice.errors import SpecError
 from sluice.sinks import layout
@@ -132,7 +132,7 @@ def test_pipelines_with_prompt_partitioning_land_the_oracle(spark):
     # Aggregate-merge (YSB) with two-phase sums.
     agg = make_pipeline("prompt_agg", partitioning="prompt", **{"control.epoch_files": 2})
     land(agg, files=4, rate_per_file=400, malformed_fraction=0.02)
-    service.run_once(agg, log, spark)
+    execution.run_once(agg, log, spark)
     assert [e.state for e in log.epochs(agg.name)] == [protocol.PUBLISHED] * 2
     assert_matches_oracle(spark, agg, log)
     # One commit per group: the group's last epoch holds the key statistics of the commit.
@@ -145,7 +145,7 @@ def test_pipelines_with_prompt_partitioning_land_the_oracle(spark):
         "sinks": [{"name": "view_events", "mode": "append", "partition_by": ["ad_type"],
                    "path": "${SLUICE_DATA_DIR}/prompt_append/tables/view_events"}]})
     land(app, files=4, rate_per_file=300)
-    service.run_once(app, log, spark)
+    execution.run_once(app, log, spark)
     assert [e.state for e in log.epochs(app.name)] == [protocol.PUBLISHED] * 2
     assert table_views(spark, app.sinks[0].path) == view_oracle(landed(app))
     detail = spark.sql(f"DESCRIBE DETAIL delta.`{app.sinks[0].path}`").first()

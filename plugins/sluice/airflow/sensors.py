@@ -11,17 +11,12 @@ from airflow.sdk import BaseSensorOperator, PokeReturnValue
 from airflow.sdk.exceptions import AirflowException, AirflowSkipException
 
 from sluice.airflow.triggers import BacklogTrigger, check_backlog, queued_runs, should_give_way
+from sluice.execution import SensedPlan
 
 
 def plan_from(ready: dict[str, Any], params: dict[str, Any]) -> dict[str, Any]:
-    """The group's plan: the controllers' (``ready["plan"]``) unless the run's params override
-    epoch size or k; ``fired_at`` starts the group's wall-clock time."""
-    plan = dict(ready["plan"], backlog=ready["backlog"], fired_at=time.time())
-    for key in ("epoch_size", "k"):
-        if params.get(key):
-            plan[key] = params[key]
-            plan["reason"] = f"{plan['reason']} ({key} {params[key]} from the run's params)"
-    return plan
+    """The group's plan, as XCom: the trigger's verdict, overridden by the run's params."""
+    return SensedPlan.fired(ready["plan"], ready["backlog"], params).as_xcom()
 
 
 class BacklogSensor(BaseSensorOperator):
@@ -65,7 +60,7 @@ class BacklogSensor(BaseSensorOperator):
         dag_run = context["dag_run"]
         if str(getattr(dag_run.run_type, "value", dag_run.run_type)) == "backfill":
             # A backfill run recomputes past epochs: it does not wait for new data.
-            return {"epoch_size": None, "k": None, "reason": "backfill", "backlog": None, "fired_at": time.time()}
+            return SensedPlan(reason="backfill", fired_at=time.time()).as_xcom()
         if not self.deferrable:
             return super().execute(context)
         # Fire at once if the backlog is already there: no round trip through the triggerer.

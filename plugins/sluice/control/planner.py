@@ -64,10 +64,6 @@ class Decision:
         """The backlog (files) that makes this group whole: the sensor's efficient-group threshold."""
         return self.epoch_size * self.k
 
-    def epochs_for(self, backlog_files: int) -> int:
-        """Epochs the run plans from this backlog: never more than it holds (``protocol.plan_ranges``)."""
-        return max(0, min(self.k, math.ceil(backlog_files / self.epoch_size)))
-
     def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "group_files": self.group_files}
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -232,21 +233,57 @@ class RollbackPlan:
     kept: tuple[Epoch, ...]  # epochs < to_epoch, carried into the new generation
 
 
+#: One engine (and schema check) per store URL and process: an Airflow worker, the triggerer
+#: and the api-server open the store once per task, poke or request, and each opening used to
+#: pay ``create_all`` and a column inspection. Keyed by process id too: a pool must not cross a
+#: fork (the task runner forks its workers). A SQLite file deleted or replaced since (a lost
+#: store, rebuilt) gets a new engine: the old one would write to the unlinked file.
+_ENGINES: dict[tuple[int, str], tuple[Engine, sessionmaker[Session], int | None]] = {}
+_ENGINES_LOCK = threading.Lock()
+
+
+def _sqlite_file(url: str) -> Path | None:
+    path = url.removeprefix("sqlite:///")
+    return Path(path) if url.startswith("sqlite:///") and path and path != ":memory:" else None
+
+
+def _inode(path: Path | None) -> int | None:
+    try:
+        return path.stat().st_ino if path is not None else None
+    except FileNotFoundError:
+        return -1
+
+
+def _open(url: str) -> tuple[Engine, sessionmaker[Session]]:
+    key, file = (os.getpid(), url), _sqlite_file(url)
+    with _ENGINES_LOCK:
+        cached = _ENGINES.get(key)
+        if cached is not None and cached[2] == _inode(file):
+            return cached[0], cached[1]
+        if cached is not None:
+            cached[0].dispose()
+        if file is not None:
+            file.parent.mkdir(parents=True, exist_ok=True)
+        engine = create_engine(url, future=True)
+        if engine.dialect.name == "sqlite":
+            _configure_sqlite(engine)
+        Base.metadata.create_all(engine)
+        _add_missing_columns(engine)
+        sessions = sessionmaker(engine, expire_on_commit=False)
+        _ENGINES[key] = engine, sessions, _inode(file)
+        return engine, sessions
+
+
 class EpochLog:
-    """The epoch store of all pipelines, in one SQL database (SQLite or Postgres)."""
+    """The epoch store of all pipelines, in one SQL database (SQLite or Postgres). Cheap to
+    construct: the engine behind a URL is made (and the schema checked) once per process."""
 
     def __init__(self, url: str | None = None) -> None:
         self.url = url or store_url()
-        if self.url.startswith("sqlite:///"):
-            Path(self.url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
-        self.engine = create_engine(self.url, future=True)
-        if self.engine.dialect.name == "sqlite":
-            _configure_sqlite(self.engine)
-        Base.metadata.create_all(self.engine)
-        _add_missing_columns(self.engine)
-        self._sessions = sessionmaker(self.engine, expire_on_commit=False)
+        self.engine, self._sessions = _open(self.url)
 
     def close(self) -> None:
+        """Close the idle pooled connections (the engine stays usable: it opens new ones)."""
         self.engine.dispose()
 
     @contextmanager
@@ -346,10 +383,6 @@ class EpochLog:
             return Lease(pipeline, owner, row.fence)
 
     # -- source manifest ---------------------------------------------------------------------
-
-    def manifest_end(self, pipeline: str) -> int:
-        with self._tx() as s:
-            return self._manifest_end(s, pipeline)
 
     @staticmethod
     def _manifest_end(session: Session, pipeline: str) -> int:

@@ -1,8 +1,8 @@
 """The records kept next to each table, from which a lost epoch store is rebuilt.
 
 As Spark's ``CommitLog`` beside its ``OffsetSeqLog``, this module only serialises: what goes
-into a record is decided by the protocol (``runner.publish``, ``operations.rollback``), and
-what a rebuild makes of the records by ``operations.rebuild_store``.
+into a record is decided by the protocol (``execution.publish``, ``execution.rollback``), and
+what a rebuild makes of the records by ``execution.rebuild_store``.
 
 Layout, under each sink's folder (Delta ignores ``_``-prefixed folders)::
 
