@@ -53,12 +53,11 @@ WARM_UP_FILES = 10
 ALWAYS_ON = r"""
 import json, os, sys, time
 from pathlib import Path
-from types import SimpleNamespace
 sys.path[:0] = [sys.argv[1] + "/plugins", sys.argv[1]]
 from sluice.spec import load_spec
 from sluice.spark import get_session
 from sluice.runner import load_reference, load_transform, split_rejected
-from sluice.sinks.delta import DeltaSink, rejected_sink
+from sluice.sinks.delta import DeltaSink, EpochRange, rejected_sink
 from sluice.sources import FileSource
 spec = load_spec(sys.argv[2]); trigger_s = int(sys.argv[3]); done_flag = Path(sys.argv[4])
 # A long-lived driver: the JVM's default JIT (C2), not sluice's run-once options.
@@ -70,9 +69,9 @@ sink = DeltaSink(spec.name, spec.sinks[0]); rejected = rejected_sink(spec.name, 
 def write_batch(batch, batch_id):
     records = batch.persist()
     try:
-        valid, bad = split_rejected(records, spec, SimpleNamespace(epoch_id=batch_id, generation=0))
+        valid, bad = split_rejected(records, spec, 0, batch_id)
         files = [r["_file"] for r in records.select("_file").distinct().collect()]
-        kw = {"epoch_id": batch_id, "generation": 0, "start": batch_id, "end": batch_id + 1}
+        kw = {"epochs": [EpochRange(batch_id, batch_id, batch_id + 1)], "generation": 0, "token": 1}
         rejected.write(spark, bad, skip_empty=True, **kw)
         sink.write(spark, transform(valid, refs), **kw)
     finally:
@@ -87,6 +86,10 @@ query = (FileSource(spec, None).parse(stream).writeStream.foreachBatch(write_bat
          .trigger(processingTime=f"{trigger_s} seconds").start())
 print(json.dumps({"started": time.time()}), flush=True)
 while not done_flag.exists():
+    if not query.isActive:  # the batch failed: say why and exit, rather than leave the parent waiting
+        print(f"always-on query stopped: {query.exception()}", file=sys.stderr, flush=True)
+        spark.stop()
+        sys.exit(1)
     time.sleep(0.5)
 query.stop(); spark.stop()
 """
@@ -120,11 +123,20 @@ def always_on(work: Path, rate_name: str, rate: int, window: float) -> dict[str,
     done = root / "done"
     proc = subprocess.Popen([sys.executable, "-c", ALWAYS_ON, str(ROOT), str(spec.path), str(SS_TRIGGER_S), str(done),
                              str(CORES)],
-                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+                            stdout=subprocess.PIPE, stderr=(root / "always_on.log").open("w"), text=True)
     meter = CpuMeter(proc.pid)
-    warm_up = json.loads(proc.stdout.readline())
+
+    def next_row() -> dict[str, Any]:
+        line = proc.stdout.readline()
+        if not line:
+            proc.wait(timeout=60)
+            raise RuntimeError(f"always-on query for {rate_name} exited early ({proc.returncode}): "
+                               f"{(root / 'always_on.log').read_text()[-2000:]}")
+        return json.loads(line)
+
+    warm_up = next_row()
     while "batch" not in warm_up:  # {"started": ...} comes first, usually
-        warm_up = json.loads(proc.stdout.readline())
+        warm_up = next_row()
     if warm_up.get("files") != WARM_UP_FILES:
         raise RuntimeError(f"always-on warm-up batch read {warm_up.get('files')} files, not {WARM_UP_FILES}")
     started = time.time()
@@ -136,10 +148,7 @@ def always_on(work: Path, rate_name: str, rate: int, window: float) -> dict[str,
     batches, files_done = [], 0
     expected = int(window)
     while files_done < expected:
-        line = proc.stdout.readline()
-        if not line:
-            raise RuntimeError(f"always-on query for {rate_name} exited early")
-        row = json.loads(line)
+        row = next_row()
         batches.append(row)
         files_done += row["files"]
     end = time.time()
