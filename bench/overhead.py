@@ -157,6 +157,7 @@ def group_breakdown(client: Any, dag_id: str, run_id: str, spec: Any, epoch_log:
     group_s = group.epochs[0].timings.get("group_s")
     first_commit = min(e.committed_at.replace(tzinfo=UTC).timestamp() for e in group.epochs)
     first_epoch_start = first_commit - (group_s if group_s is not None else epoch_s[0])
+    work_s = group_s if group_s is not None else sum(epoch_s)  # from the first epoch's start to the last commit
     t = {task: (_ts(ti["start_date"]), _ts(ti["end_date"])) for task, ti in tis.items()}
     wall = t["checkpoint"][1] - fired
     steps = {
@@ -165,7 +166,7 @@ def group_breakdown(client: Any, dag_id: str, run_id: str, spec: Any, epoch_log:
         "plan_to_run_gap_s": t["run_group"][0] - t["plan_group"][1],
         "spark_start_s": first_epoch_start - t["run_group"][0],
         "epochs_s": sum(epoch_s),
-        "run_group_tail_s": t["run_group"][1] - first_epoch_start - (group_s if group_s is not None else sum(epoch_s)),
+        "run_group_tail_s": t["run_group"][1] - first_epoch_start - work_s,
         "run_to_validate_gap_s": t["validate"][0] - t["run_group"][1],
         "validate_s": t["validate"][1] - t["validate"][0],
         "validate_to_checkpoint_gap_s": t["checkpoint"][0] - t["validate"][1],

@@ -23,8 +23,8 @@ A group, step by step:
 Then the operator actions, as sections: **rollback** (preconditions, intent, fence, RESTORE, new
 generation, optional recompute), **redo** (a cleared task of a past group), **backfill** (the
 epochs whose data arrived in an interval), **rebuild** (a lost store from the records), and
-**skip a file**. Each records its intent before it changes a table, so the next run finishes
-or refuses what a crash interrupted.
+**skip a file**. Those that change a table record their intent first, so the next run
+finishes or refuses what a crash interrupted.
 """
 
 from __future__ import annotations

@@ -26,7 +26,7 @@ from sluice.store import EpochLog, store_url
 #: How long plan_group waits between tries while another run of the pipeline holds its lease.
 BUSY_WAIT_S = 15
 
-#: What the sensor's plan adds to the group's record (for the controllers and the epoch log).
+
 def lease_owner(dag_id: str, run_id: str) -> str:
     """Lease owner of one DAG run. Runs of one DAG share the prefix ``airflow:<dag_id>:``."""
     return str(LeaseOwner.dag_run(dag_id, run_id))
