@@ -139,11 +139,13 @@ bench-control-e2e: setup
 bench: setup
 	@$(PY) -m bench.ysb
 	@$(PY) -m bench.overhead
+	@$(PY) -m bench.delta_commit
 	@$(PY) -m bench.cost
 
 bench-quick: setup
 	@SLUICE_BENCH_RESULTS=$(CURDIR)/bench/results/quick $(PY) -m bench.ysb --quick
 	@SLUICE_BENCH_RESULTS=$(CURDIR)/bench/results/quick $(PY) -m bench.overhead --quick --skip-airflow
+	@SLUICE_BENCH_RESULTS=$(CURDIR)/bench/results/quick $(PY) -m bench.delta_commit --quick
 	@SLUICE_BENCH_RESULTS=$(CURDIR)/bench/results/quick $(PY) -m bench.cost --quick
 
 bench-sched: setup
