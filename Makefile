@@ -27,7 +27,7 @@ export PATH := $(VENV)/bin:$(PATH)
 export PYTHONPATH := $(CURDIR)/plugins:$(CURDIR)
 
 .PHONY: help setup venv jars demo test lint airflow generate store-rebuild bench-control bench-control-e2e \
-	bench bench-quick bench-sched clean backfill rollback recover skip-file cli
+	bench bench-quick bench-sched compose-env clean backfill rollback recover skip-file cli
 
 help:
 	@echo "make demo      set up, generate YSB data, run the ysb DAG through Airflow, print results"
@@ -44,6 +44,7 @@ help:
 	@echo "make bench-control-e2e  the controllers on Spark, YSB at a sinusoidal rate, ~15 min (control_e2e.*)"
 	@echo "make bench        YSB throughput vs Structured Streaming and batch, overheads (real Airflow), cost vs always-on"
 	@echo "make bench-quick  the same, smaller and without Airflow, < 8 min (bench/results/quick/)"
+	@echo "make compose-env  a .env with random secrets for docker-compose.yaml (kept if present)"
 	@echo "make bench-sched  concurrent epochs (A-scheduler) and Prompt partitioning on skewed keys (sched.*)"
 
 setup: venv jars
@@ -150,6 +151,10 @@ bench-quick: setup
 
 bench-sched: setup
 	@$(PY) -m bench.sched
+
+# docker-compose.yaml's secrets: a .env with fresh random values (an existing .env is kept).
+compose-env:
+	@python3 include/docker/compose_env.py .env
 
 clean:
 	rm -rf var/landing var/tables var/airflow var/sluice.db* var/demo

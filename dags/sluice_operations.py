@@ -4,16 +4,9 @@ params from the Airflow UI (see ``sluice.airflow.dag_factory``)."""
 from __future__ import annotations
 
 from sluice.airflow.dag_factory import build_recover_dag, build_rollback_dag, build_skip_file_dag
-from sluice.errors import SpecError
-from sluice.paths import pipelines_dir
-from sluice.spec import load_spec
+from sluice.spec import load_pipeline_specs
 
-_specs = {}
-for _path in sorted(pipelines_dir().glob("*.yaml")):
-    try:
-        _specs[_path.stem] = load_spec(_path)
-    except SpecError:
-        continue  # reported by sluice_spec_errors.py
+_specs, _ = load_pipeline_specs()  # the errors are reported by sluice_spec_errors.py
 
 dag_sluice_rollback = build_rollback_dag(_specs)
 dag_sluice_recover = build_recover_dag(_specs)

@@ -1,20 +1,14 @@
 """Shows broken pipeline specs in the Airflow UI as an import error of this file.
 
 Every error names the spec file and the field (``ysb.yaml: invalid pipeline spec:
-control.epoch_files: ...``); the valid pipelines' DAGs load from ``sluice_pipelines.py``.
+control.epoch_files: ...``), or the pipelines that write the same Delta table; the valid
+pipelines' DAGs load from ``sluice_pipelines.py``.
 """
 
 from __future__ import annotations
 
-from sluice.errors import SpecError
-from sluice.paths import pipelines_dir
-from sluice.spec import load_spec
+from sluice.spec import load_pipeline_specs
 
-_errors = []
-for _path in sorted(pipelines_dir().glob("*.yaml")):
-    try:
-        load_spec(_path)
-    except SpecError as exc:
-        _errors.append(str(exc))
+_, _errors = load_pipeline_specs()
 if _errors:
     raise ImportError("broken pipeline specs: " + " | ".join(_errors))

@@ -16,12 +16,15 @@ from sluice.paths import project_root
 from sluice.spec import PipelineSpec, load_spec
 
 
-def make_pipeline(name: str, base: str = "ysb", **overrides: Any) -> PipelineSpec:
+def make_pipeline(name: str, base: str = "ysb", tables: str | None = None, **overrides: Any) -> PipelineSpec:
+    """``tables``: a folder the sinks share with other pipelines' (``<tables>/<name>_<sink>``);
+    by default each pipeline has its own (``<data>/<name>/tables/<sink>``)."""
     raw = yaml.safe_load((project_root() / "include" / "pipelines" / f"{base}.yaml").read_text())
     raw["name"] = name
     raw["source"]["path"] = f"${{SLUICE_DATA_DIR}}/{name}/landing"
     for sink in raw["sinks"]:
-        sink["path"] = f"${{SLUICE_DATA_DIR}}/{name}/tables/{sink['name']}"
+        sink["path"] = (f"{tables}/{name}_{sink['name']}" if tables
+                        else f"${{SLUICE_DATA_DIR}}/{name}/tables/{sink['name']}")
     # Tests pin the sizes (adaptive sizing has its own tests) and start a group a few seconds
     # after data lands, whatever its size.
     raw["control"].update({"adaptive": False, "freshness_sla_s": 5})

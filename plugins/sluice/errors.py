@@ -28,6 +28,11 @@ class FencedError(OperatorActionRequired):
     """This run's lease was taken over by a newer run; it must stop without committing."""
 
 
+class SharedTableError(OperatorActionRequired):
+    """A table the pipeline would RESTORE also holds rows of another pipeline: each pipeline
+    needs its own tables."""
+
+
 class ProtocolError(SluiceError):
     """The epoch log would break an invariant (contiguity, state order)."""
 

@@ -401,17 +401,6 @@ class TableRestore:
     latest: int | None
 
 
-def tables(spec: PipelineSpec) -> dict[str, list[str]]:
-    """Every Delta table the pipeline writes, with the epoch-log keys of its writers."""
-    found: dict[str, list[str]] = {}
-    for sink in spec.sinks:
-        found.setdefault(sink.path, []).append(sink.name)
-        found.setdefault(spec.quarantine_table, []).append(f"_quarantine_{sink.name}")  # before one commit
-    found.setdefault(spec.quarantine_table, []).append("_quarantine")
-    found.setdefault(spec.rejected_table, []).append("_rejected")
-    return found
-
-
 def _sluice_commits_after(spark: SparkSession, path: str, version: int, pipeline: str) -> list[int]:
     from pyspark.sql import functions as F
 
@@ -436,7 +425,7 @@ def plan_restores(spec: PipelineSpec, spark: SparkSession, plan: RollbackPlan) -
     from sluice.sinks.delta import history, is_delta_table
 
     restores = []
-    for path, keys in tables(spec).items():
+    for path, keys in spec.table_writers().items():
         if not is_delta_table(spark, path):
             continue
         latest = int(history(spark, path, 1).first()["version"])
@@ -468,7 +457,10 @@ def check_version_restorable(spark: SparkSession, path: str, version: int) -> st
 def check_preconditions(spec: PipelineSpec, epoch_log: EpochLog, spark: SparkSession,
                         plan: RollbackPlan) -> list[TableRestore]:
     """Raise ``RollbackRefusedError`` listing everything that blocks the rollback: files of the
-    rolled-back ranges no longer at the source, or table versions that were vacuumed."""
+    rolled-back ranges no longer at the source, table versions that were vacuumed, or a table
+    another pipeline wrote to since (its rows would be restored away)."""
+    from sluice.sinks.delta import restore_conflict
+
     problems = []
     if plan.rolled_back:
         try:
@@ -478,9 +470,8 @@ def check_preconditions(spec: PipelineSpec, epoch_log: EpochLog, spark: SparkSes
     restores = plan_restores(spec, spark, plan)
     for r in restores:
         if r.target is not None:
-            problem = check_version_restorable(spark, r.path, r.target)
-            if problem:
-                problems.append(problem)
+            problems += [p for p in (check_version_restorable(spark, r.path, r.target),
+                                     restore_conflict(spark, r.path, spec.name, r.target)) if p]
     if problems:
         raise RollbackRefusedError(
             f"pipeline {spec.name!r}: rollback to epoch {plan.to_epoch} refused, nothing was changed:\n  - "

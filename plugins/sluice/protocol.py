@@ -188,6 +188,27 @@ class TableCommit:
     generation: int | None = None
     epochs: tuple[int, ...] = ()
     token: int = 0  # the lease token of the run that wrote it (0: before tokens were recorded)
+    pipeline: str | None = None  # the sluice pipeline that wrote it (None: not sluice)
+
+
+def foreign_commits(commits: Iterable[TableCommit], pipeline: str, after: int) -> dict[str, list[int]]:
+    """The commits of *other* sluice pipelines that a RESTORE of the table to version ``after``
+    would undo: those above ``after`` in the table's current lineage (what an earlier RESTORE
+    undid is no longer in the table), by pipeline. ``commits`` come newest first. A table two
+    pipelines write must never be restored by one of them: the other's rows would go too."""
+    found: dict[str, list[int]] = {}
+    restored_to: int | None = None
+    for commit in commits:
+        if commit.version <= after:
+            break
+        if restored_to is not None and commit.version > restored_to:
+            continue  # undone by a RESTORE
+        if commit.operation == "RESTORE" and commit.restored_to is not None:
+            restored_to = commit.restored_to
+            continue
+        if commit.pipeline is not None and commit.pipeline != pipeline:
+            found.setdefault(commit.pipeline, []).insert(0, commit.version)
+    return found
 
 
 def first_commit_holding(commits: Iterable[TableCommit], app_id: str, generation: int,

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from sluice import faults, protocol, validation
-from sluice.errors import FencedError, PipelineHaltedError, SluiceError
+from sluice.errors import FencedError, PipelineHaltedError, SharedTableError, SluiceError
 from sluice.paths import project_root
 from sluice.sinks.delta import DeltaSink, EpochRange, SinkCommit, describe, rejected_sink
 from sluice.sources import FileSource
@@ -267,7 +267,7 @@ class GroupRunner:
         commit holding them. The rerun then writes every table afresh: nothing an earlier
         attempt wrote survives beside the rerun's output (a fix that now rejects a record
         cannot leave it in neither table). Returns the restored versions by table path."""
-        from sluice.sinks.delta import commit_lineage, restore
+        from sluice.sinks.delta import commit_lineage, restore, restore_conflict
 
         generation, first = epochs[0].generation, epochs[0].epoch_id
         restored: dict[str, int] = {}
@@ -278,6 +278,10 @@ class GroupRunner:
                                                     generation, first)
             if holding is None:
                 continue
+            conflict = restore_conflict(self.spark, table.path, self.spec.name, holding - 1)
+            if conflict:
+                raise SharedTableError(f"pipeline {self.spec.name!r}: epochs from {first} cannot be written again: "
+                                       f"{conflict}")
             restore(self.spark, table.path, holding - 1)
             restored[table.path] = holding - 1
             log.warning("pipeline %s: %s held epochs >= %s of an earlier attempt (version %s); restored to "

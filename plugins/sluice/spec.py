@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, Literal
 
@@ -182,11 +183,29 @@ class PipelineSpec(_Strict):
 
     @property
     def rejected_table(self) -> str:
-        return self.rejected_path or str(Path(self.sinks[0].path).parent / "_rejected")
+        return self.rejected_path or self._own_table("_rejected")
 
     @property
     def quarantine_table(self) -> str:
-        return self.quarantine_path or str(Path(self.sinks[0].path).parent / "_quarantine")
+        return self.quarantine_path or self._own_table("_quarantine")
+
+    def _own_table(self, name: str) -> str:
+        """A side table of this pipeline alone, beside its first sink: a rollback RESTOREs it,
+        which would undo another pipeline's rows too. In the documented layout the sinks' folder
+        is named after the pipeline and the table keeps its plain name; elsewhere (sinks of
+        several pipelines in one folder) the pipeline's name is added to it."""
+        folder = Path(self.sinks[0].path).parent
+        return str(folder / (name if folder.name == self.name else f"{name}_{self.name}"))
+
+    def table_writers(self) -> dict[str, list[str]]:
+        """Every Delta table the pipeline writes, with the epoch-log keys of its writers."""
+        found: dict[str, list[str]] = {}
+        for sink in self.sinks:
+            found.setdefault(sink.path, []).append(sink.name)
+            found.setdefault(self.quarantine_table, []).append(f"_quarantine_{sink.name}")  # before one commit
+        found.setdefault(self.quarantine_table, []).append("_quarantine")
+        found.setdefault(self.rejected_table, []).append("_rejected")
+        return found
 
     def sink(self, name: str) -> SinkSpec:
         for s in self.sinks:
@@ -264,9 +283,35 @@ def load_spec(path: str | Path) -> PipelineSpec:
                                    "rejected_path": fixed_rejected, "quarantine_path": fixed_quarantine})
 
 
-def load_specs(folder: str | Path | None = None) -> dict[str, PipelineSpec]:
+def shared_tables(specs: Iterable[PipelineSpec]) -> dict[str, list[str]]:
+    """Delta tables written by more than one pipeline (path: pipelines). Each pipeline must own
+    its tables: a rollback RESTOREs them, which would undo the other pipelines' rows too."""
+    writers: dict[str, list[str]] = {}
+    for spec in specs:
+        for path in spec.table_writers():
+            writers.setdefault(os.path.normpath(path), []).append(spec.name)
+    return {path: names for path, names in writers.items() if len(names) > 1}
+
+
+def load_pipeline_specs(folder: str | Path | None = None) -> tuple[dict[str, PipelineSpec], list[str]]:
+    """The folder's valid pipeline specs, and the errors of the others (each names the file and
+    the field): a broken spec never takes the other pipelines' DAGs away. Pipelines that write
+    the same table are errors too, all of them (none may roll the others' rows back)."""
     folder = Path(folder) if folder else pipelines_dir()
-    return {p.stem: load_spec(p) for p in sorted(folder.glob("*.yaml"))}
+    specs: dict[str, PipelineSpec] = {}
+    errors: list[str] = []
+    for path in sorted(folder.glob("*.yaml")):
+        try:
+            specs[path.stem] = load_spec(path)
+        except SpecError as exc:
+            errors.append(str(exc))
+    for table, names in sorted(shared_tables(specs.values()).items()):
+        errors.append(f"pipelines {', '.join(names)} all write the Delta table {table}: each pipeline needs its "
+                      f"own tables (a rollback of one would remove the others' rows); change a sink `path`, "
+                      f"`rejected_path` or `quarantine_path` in {', '.join(specs[n].path for n in names)}")
+        for name in names:
+            specs.pop(name, None)
+    return specs, errors
 
 
 def get_spec(name: str) -> PipelineSpec:

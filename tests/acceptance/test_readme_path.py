@@ -232,7 +232,20 @@ def test_clear_run_group_of_a_past_run_rolls_back_in_one_step(spark, user):
     wait_for_oracle(spark, user, "after clear-to-rollback")
 
 
+def downstream_changes(user: User) -> list[dict[str, Any]]:
+    """What the example downstream DAG's runs received: the extras of their triggering events."""
+    changes = []
+    for run in user.trigger_runs("ysb_downstream"):
+        r = user.client.get(f"/api/v2/dags/ysb_downstream/dagRuns/{run['dag_run_id']}/upstreamAssetEvents")
+        r.raise_for_status()
+        changes += [dict(e["extra"] or {}, source_dag_id=e["source_dag_id"]) for e in r.json()["asset_events"]]
+    return changes
+
+
 def test_make_rollback_recomputes(spark, user):
+    """`make rollback` with recompute; the DAG downstream of the table learns that rows were
+    removed (an Asset event with the rollback) and then recomputed."""
+    standalone.set_paused(user.client, "ysb_downstream", False)
     before = max(e["live_generation"] for e in user.epochs())
     user.make("rollback", "PIPELINE=ysb", "TO_EPOCH=1", "REASON=acceptance: a bad release")
 
@@ -247,6 +260,17 @@ def test_make_rollback_recomputes(spark, user):
     assert max(e["live_generation"] for e in live) > before
     assert [e for e in user.epochs() if e["epoch_id"] >= 1 and e["state"] == "rolled_back"]
     wait_for_oracle(spark, user, "after make rollback")
+
+    def received() -> list | None:
+        got = [c for c in downstream_changes(user) if c.get("source_dag_id") == "sluice_rollback"]
+        kinds = {c.get("change") for c in got}
+        return got if {"rollback", "recompute"} <= kinds else None
+
+    got = user.wait(received, 300, "ysb_downstream runs triggered by the rollback and the recompute")
+    rollback = next(c for c in got if c["change"] == "rollback")
+    assert rollback["to_epoch"] == 1 and rollback["reason"] == "acceptance: a bad release", rollback
+    assert rollback["pipeline"] == "ysb" and 1 in rollback["rolled_back_epochs"], rollback
+    assert rollback["restored_to_version"] is not None, rollback
 
 
 def test_readme_backfill_command_processes_the_range(spark, user):

@@ -81,17 +81,22 @@ def server_env(home: Path, port: int) -> dict[str, str]:
     return env
 
 
-def start(home: Path) -> Server:
-    """Start ``airflow standalone`` in a new session (its own process group)."""
+def airflow_command() -> str:
+    return str(Path(sys.executable).parent / "airflow")
+
+
+def start(home: Path, command: tuple[str, ...] = ("standalone",), extra_env: dict[str, str] | None = None) -> Server:
+    """Start ``airflow standalone`` (or another ``airflow`` command, with ``extra_env``) in a
+    new session (its own process group)."""
     home.mkdir(parents=True, exist_ok=True)
     port = free_port()
-    env = server_env(home, port)
+    env = {**server_env(home, port), **(extra_env or {})}
     marker = uuid.uuid4().hex
     env[MARKER] = marker
     log_path = home / "standalone.out"
     log_file = log_path.open("wb")
     proc = subprocess.Popen(
-        [str(Path(sys.executable).parent / "airflow"), "standalone"],
+        [airflow_command(), *command],
         cwd=home, env=env, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
         start_new_session=True,
     )

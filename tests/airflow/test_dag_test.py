@@ -46,7 +46,14 @@ def test_every_spec_becomes_a_dag_without_import_errors():
     assert sensor.timeout == 6 * 3600, "@continuous: wait up to the spec's sensor_timeout_s"
     cron_sensor = bag.dags.get("ysb_clean").get_task("wait_for_backlog")
     assert cron_sensor.timeout == cron_sensor.poke_interval, "a scheduled run with no data skips after one poll"
-    assert type(bag.dags.get("ysb").get_task("run_group")).__name__ == "SparkSubmitOperator"
+    from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
+
+    submit = bag.dags.get("ysb").get_task("run_group")
+    assert isinstance(submit, SparkSubmitOperator) and type(submit).__name__ == "RunGroupSubmitOperator"
+    assert not submit.env_vars, "the store's URL is set at execute time, never a template field"
+    for dag_id, task_id in (("sluice_rollback", "rollback"), ("sluice_rollback", "checkpoint"),
+                            ("sluice_recover", "checkpoint")):  # they act on a pipeline chosen when triggered
+        assert [type(o).__name__ for o in bag.dags.get(dag_id).get_task(task_id).outlets] == ["AssetAlias"]
     assert type(bag.dags.get("ysb_clean").get_task("run_group")).__name__ == "RunGroupOperator"
 
 

@@ -32,31 +32,3 @@ def test_plugin_loads_alone_and_shadows_nothing():
     out = subprocess.run([sys.executable, "-c", PROBE, plugins], capture_output=True, text=True, timeout=120,
                          env={**__import__("os").environ, "PYTHONPATH": plugins})
     assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stderr[-3000:]
-
-
-def test_epoch_api_serves_the_store():
-    from fastapi.testclient import TestClient
-
-    from sluice.api.app import app
-    from sluice.store import EpochLog
-    from tests.pipelines import make_pipeline
-
-    spec = make_pipeline("api_probe")
-    log = EpochLog()
-    (spec.landing_dir / "a.json").write_text("{}\n")
-    lease = log.acquire_lease(spec.name, "t")
-    log.register_files(spec.name, [(str(spec.landing_dir / "a.json"), 3, 1.0)])
-    log.plan_group(lease, epoch_size=1, k=1)
-    client = TestClient(app)
-    epochs = client.get(f"/pipelines/{spec.name}/epochs").json()
-    assert [(e["epoch_id"], e["start"], e["end"], e["state"]) for e in epochs] == [(0, 0, 1, "planned")]
-    assert client.get("/pipelines/no_such_pipeline/epochs").status_code == 404
-    names = {p["pipeline"] for p in client.get("/pipelines").json()}
-    assert {"ysb", "api_probe"} <= names
-    control = client.get(f"/pipelines/{spec.name}/control").json()
-    assert control["backlog"]["files"] == 0 and control["next"]["fire"] is None, control
-    (spec.landing_dir / "b.json").write_text("{}\n")
-    control = client.get(f"/pipelines/{spec.name}/control").json()
-    assert control["backlog"]["files"] == 1 and control["next"]["epoch_size"] == spec.control.epoch_files, control
-    assert client.get("/pipelines/no_such_pipeline/control").status_code == 404
-    log.close()

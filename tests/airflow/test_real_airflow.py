@@ -17,6 +17,7 @@ What ``dag.test()`` cannot show, shown here:
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import time
@@ -189,6 +190,13 @@ def test_pipelines_run_under_airflow_standalone(pipelines, server, spark):
         assert {e.state for e in log.epochs(CONTINUOUS)} == {protocol.PUBLISHED}
         assert log.lease_holder(CONTINUOUS) is None
         assert_matches_oracle(spark, continuous, log)
+        # The store's URL (it may hold a password) is in neither the plan's XCom nor the Spark
+        # step's rendered template fields, which anyone who may read the DAG sees.
+        url = os.environ["SLUICE_STORE_URL"]
+        plan = standalone.xcom(client, CONTINUOUS, run1, "plan_group")
+        spark_step = client.get(f"/api/v2/dags/{CONTINUOUS}/dagRuns/{run1}/taskInstances/run_group").json()
+        assert plan["group_id"] == 0 and "run_group.py" in json.dumps(spark_step["rendered_fields"]), spark_step
+        assert url not in json.dumps(plan) and url not in json.dumps(spark_step["rendered_fields"])
 
         # 4. @continuous starts the next run by itself; it waits, deferred, for the next data.
         run2 = standalone.wait_for_run(server, client, CONTINUOUS, 1, timeout=60)["dag_run_id"]

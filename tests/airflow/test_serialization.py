@@ -52,3 +52,32 @@ def test_parsing_twice_gives_the_same_version_and_a_spec_change_a_new_one(tmp_pa
     finally:
         spec_path.write_text(original)
     assert changed["ysb"] != first["ysb"] and changed["ysb_clean"] == first["ysb_clean"]
+
+
+BAG = """
+import json
+from airflow.dag_processing.dagbag import DagBag
+bag = DagBag(dag_folder=__import__("sys").argv[1])
+errors = {k.rsplit("/", 1)[-1]: v for k, v in bag.import_errors.items()}
+print(json.dumps({"dags": sorted(bag.dag_ids), "errors": errors}))
+"""
+
+
+def test_pipelines_that_write_the_same_table_are_an_import_error_and_the_others_load(tmp_path):
+    """Airflow parses the DAG folder: two specs pointing at one `_rejected` table get no DAG and
+    an import error naming both files; the third pipeline's DAG loads."""
+    shipped = yaml.safe_load((project_root() / "include" / "pipelines" / "ysb.yaml").read_text())
+    for name in ("orders", "refunds", "stock"):
+        raw = {**shipped, "name": name, "sinks": [{**shipped["sinks"][0], "path": f"/data/tables/{name}/out"}]}
+        if name != "stock":
+            raw["rejected_path"] = "/data/tables/_rejected"
+        (tmp_path / f"{name}.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
+    env = {**os.environ, "SLUICE_PIPELINES_DIR": str(tmp_path)}
+    out = subprocess.run([sys.executable, "-c", BAG, str(project_root() / "dags")], env=env, capture_output=True,
+                         text=True, timeout=180)
+    assert out.returncode == 0, out.stderr[-3000:]
+    bag = json.loads(out.stdout.strip().splitlines()[-1])
+    assert "stock" in bag["dags"] and not {"orders", "refunds"} & set(bag["dags"])
+    error = bag["errors"]["sluice_spec_errors.py"]
+    assert "pipelines orders, refunds all write the Delta table /data/tables/_rejected" in error
+    assert str(tmp_path / "orders.yaml") in error and str(tmp_path / "refunds.yaml") in error

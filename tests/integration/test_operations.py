@@ -142,6 +142,38 @@ def test_rollback_is_refused_past_retention_and_changes_nothing(spark, epoch_log
     epoch_log.release_lease(lease)
 
 
+def test_pipelines_sharing_a_folder_keep_their_rows_and_a_shared_table_is_never_restored(spark, epoch_log):
+    """Two pipelines whose sinks share a folder get a `_rejected` table each: rolling one back
+    leaves the other's rejected records (checked against the raw files) untouched. A third
+    pipeline pointed at the second's `_rejected` (an explicit `rejected_path`, as the old
+    default shared it): a rollback of the second is refused, naming the third, and changes nothing."""
+    overrides = {"control.epoch_files": 2, "control.group_epochs": 1, "spark.mode": "in_process"}
+    folder = "${SLUICE_DATA_DIR}/shared_tables"
+    first = make_pipeline("apart_a", tables=folder, **overrides)
+    second = make_pipeline("apart_b", tables=folder, **overrides)
+    assert first.rejected_table != second.rejected_table
+    assert Path(first.rejected_table).parent == Path(second.rejected_table).parent
+    for seed, spec in enumerate((first, second), start=21):
+        land(spec, files=4, seed=seed, malformed_fraction=0.05)
+        execution.run_once(spec, epoch_log, spark, drain=True)
+    assert len(states(epoch_log, first)) == 2
+    rollback_and_recompute(spark, first, epoch_log, to_epoch=0)
+    assert_matches_oracle(spark, first, epoch_log)
+    assert_matches_oracle(spark, second, epoch_log)  # its rejected records too, from the raw files
+
+    third = make_pipeline("apart_c", tables=folder, rejected_path=second.rejected_table, **overrides)
+    land(third, files=2, seed=23, malformed_fraction=0.2)
+    execution.run_once(third, epoch_log, spark, drain=True)
+    history = f"DESCRIBE HISTORY delta.`{second.rejected_table}`"
+    before = (spark.sql(history).count(), sorted(rejected_lines(spark, second)), states(epoch_log, second))
+    lease = epoch_log.acquire_lease(second.name, "operator")
+    with pytest.raises(execution.RollbackRefusedError, match=r"also holds rows of pipeline 'apart_c'"):
+        execution.rollback(second, epoch_log, spark, lease, to_epoch=1, reason="test", recompute=True)
+    epoch_log.release_lease(lease)
+    assert (spark.sql(history).count(), sorted(rejected_lines(spark, second)), states(epoch_log, second)) == before
+    assert invalid_lines(landed(third)) <= set(rejected_lines(spark, second)), "the third's rejected rows stay"
+
+
 def test_store_loss_rebuild_then_continue(spark, tmp_path):
     """Lose the store after a group committed to Delta but before it was published; rebuild
     from the epoch records; continue: nothing lost, nothing counted twice."""

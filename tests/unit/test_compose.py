@@ -10,12 +10,16 @@ from __future__ import annotations
 import json
 import pathlib
 import re
+import sys
 from urllib.parse import urlsplit
 
 import pytest
 import yaml
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "include" / "docker"))
+import compose_env  # noqa: E402
+
 COMPOSE_FILE = ROOT / "docker-compose.yaml"
 
 AIRFLOW_SERVICES = (
@@ -50,10 +54,31 @@ DATA_DIR = "var"  # git-ignored; may be absent in a fresh clone (docker creates 
 # --------------------------------------------------------------------------- helpers
 
 
+# compose's interpolation: ${NAME}, ${NAME:-default}, ${NAME:?error}; $$ is a literal $.
+_VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::([-?])([^}]*))?\}")
+
+
+def interpolate(text: str, env: dict[str, str]) -> str:
+    """``text`` as ``docker compose config`` resolves it with ``env`` (the .env file)."""
+    def value(match: re.Match) -> str:
+        name, op, arg = match.groups()
+        if env.get(name):
+            return env[name]
+        if op == "?":
+            raise KeyError(f"required variable {name} is missing a value: {arg}")
+        return arg if op == "-" else ""
+    return _VAR.sub(value, text.replace("$$", "\0")).replace("\0", "$")
+
+
+#: What `make compose-env` writes into .env.
+DOT_ENV = compose_env.generate()
+
+
 @pytest.fixture(scope="module")
 def compose() -> dict:
+    """The compose file as compose resolves it with a .env from `make compose-env`."""
     assert COMPOSE_FILE.is_file(), f"{COMPOSE_FILE} is missing"
-    data = yaml.safe_load(COMPOSE_FILE.read_text())
+    data = yaml.safe_load(interpolate(COMPOSE_FILE.read_text(), DOT_ENV))
     assert isinstance(data, dict) and isinstance(data.get("services"), dict), (
         "docker-compose.yaml must be a mapping with a `services:` mapping"
     )
@@ -242,10 +267,13 @@ def test_database_urls_point_at_the_postgres_service(services):
             f"the {what} URL names host {url.hostname!r}, which is not a service of the stack"
         )
         assert url.hostname == "postgres", f"the {what} should live on the postgres service"
-        assert (url.username, url.password) == (
-            pg_env.get("POSTGRES_USER"),
-            pg_env.get("POSTGRES_PASSWORD"),
-        ), f"the {what} URL's credentials do not match POSTGRES_USER/POSTGRES_PASSWORD"
+    assert (meta.username, meta.password) == (pg_env.get("POSTGRES_USER"), pg_env.get("POSTGRES_PASSWORD")), (
+        "the metadata DB URL's credentials do not match POSTGRES_USER/POSTGRES_PASSWORD"
+    )
+    # The store's own role, made by the init script with the password postgres was given for it.
+    assert (store.username, store.password) == ("sluice", pg_env.get("SLUICE_DB_PASSWORD")), (
+        "the sluice store URL must log in as the `sluice` role with SLUICE_DB_PASSWORD"
+    )
     assert meta.path == "/airflow" and meta.path.lstrip("/") == pg_env.get("POSTGRES_DB"), (
         f"Airflow metadata should use the `airflow` database (POSTGRES_DB), got {meta.path!r}"
     )
@@ -423,3 +451,54 @@ def test_dockerfile_installs_java_and_requirements(services):
             f"{dockerfile.name} must `pip install -r {copy.group(2)}`"
         )
     assert seen, "no service builds the sluice image (`build:` missing)"
+
+
+# ----------------------------------------------------------------- secrets and exposure
+
+
+def test_no_secret_has_a_default_and_each_comes_from_dot_env(services):
+    text = COMPOSE_FILE.read_text()
+    for name in compose_env.SECRETS:
+        uses = re.findall(r"\$\{" + name + r"(:?[-?]?)[^}]*\}", text)
+        assert uses and set(uses) == {":?"}, f"{name} must be a required variable (${{{name}:?...}}): {uses}"
+        without = {k: v for k, v in DOT_ENV.items() if k != name}
+        with pytest.raises(KeyError, match=name):
+            interpolate(text, without)
+    resolved = json.dumps(services)
+    for name in compose_env.SECRETS:
+        assert DOT_ENV[name] in resolved, f"{name} from .env does not reach the services"
+    for literal in ("airflow:airflow@", "admin:admin@", "l801u5aulnBmUxqyLDn4rvmDiXHmMFwJes4AVsXZ74Y="):
+        assert literal not in text, f"a default secret is still written in docker-compose.yaml: {literal}"
+
+
+def test_ports_are_published_on_loopback_unless_configured(services):
+    published = {name: [str(p) for p in svc.get("ports") or []] for name, svc in services.items()}
+    assert any(published.values())
+    for name, ports in published.items():
+        assert all(p.startswith("127.0.0.1:") for p in ports), f"{name} publishes beyond loopback: {ports}"
+    everywhere = yaml.safe_load(interpolate(COMPOSE_FILE.read_text(), {**DOT_ENV, "SLUICE_BIND_ADDRESS": "0.0.0.0"}))
+    assert "0.0.0.0:8080:8080" in everywhere["services"]["airflow-apiserver"]["ports"]
+
+
+def test_the_store_user_is_no_superuser(services):
+    sources = [src for src, target in _mounts(services["postgres"]) if target.startswith("/docker-entrypoint-initdb.d")]
+    script = "\n".join((ROOT / src).read_text() for src in sources)
+    role = re.search(r"CREATE ROLE sluice ([^;]*);", script)
+    assert role and {"LOGIN", "NOSUPERUSER", "NOCREATEDB", "NOCREATEROLE"} <= set(role.group(1).split()), script
+    assert re.search(r"CREATE DATABASE sluice OWNER sluice;", script), script
+    assert "SLUICE_DB_PASSWORD" in script and "password" in role.group(1).lower()
+
+
+def test_compose_env_writes_every_secret_once_and_keeps_what_is_there(tmp_path):
+    env_file = tmp_path / ".env"
+    env_file.write_text("AIRFLOW_UID=1234\nPOSTGRES_PASSWORD=mine\n")
+    assert compose_env.main(["compose_env", str(env_file)]) == 0
+    first = compose_env.read(env_file)
+    assert first["AIRFLOW_UID"] == "1234" and first["POSTGRES_PASSWORD"] == "mine"
+    assert set(compose_env.SECRETS) <= set(first) and all(first.values())
+    assert env_file.stat().st_mode & 0o077 == 0, "the .env file must be readable by its owner only"
+    assert compose_env.main(["compose_env", str(env_file)]) == 0
+    assert compose_env.read(env_file) == first, "a second run must change nothing"
+    other = tmp_path / "other.env"
+    compose_env.main(["compose_env", str(other)])
+    assert compose_env.read(other)["AIRFLOW_JWT_SECRET"] != first["AIRFLOW_JWT_SECRET"], "secrets are random"

@@ -550,3 +550,34 @@ def test_one_engine_per_store_and_a_new_one_for_a_replaced_sqlite_file(tmp_path)
     fresh.register_files(P, files(1))
     assert len(EpochLog(url).manifest(P)) == 1
     assert (tmp_path / "shared.db").exists()
+
+
+# -- reads write nothing ------------------------------------------------------------------------
+
+
+def test_reads_of_a_pipeline_that_never_ran_write_nothing(db_url):
+    """The epoch API and the sensors only read: a pipeline with no row yet gets its initial
+    state, and the store's file does not change (no row, so no write lock was taken)."""
+    import sqlite3
+
+    EpochLog(db_url).close()  # the schema, as a writer created it
+    path = db_url.removeprefix("sqlite:///")
+    before = Path(path).read_bytes()
+    reader = EpochLog(db_url)
+    try:
+        assert reader.generation(P) == 0 and reader.lease_holder(P) is None
+        assert reader.pending_rollback(P) is None and reader.halt_reason(P, 3) is None
+        assert reader.epochs(P) == [] and reader.epoch_history(P) == [] and reader.control_state(P) is None
+        assert reader.summary(P)["epochs"] == 0 and reader.next_offset(P) == 0
+    finally:
+        reader.close()
+    with sqlite3.connect(path) as db:
+        assert db.execute("SELECT count(*) FROM sluice_pipelines").fetchone() == (0,)
+    wal = Path(path + "-wal")
+    assert Path(path).read_bytes() == before and (not wal.exists() or wal.stat().st_size == 0), "a read wrote"
+    writer = EpochLog(db_url)
+    try:
+        writer.acquire_lease(P, "w")  # a writer creates the row
+        assert writer.lease_holder(P) == "w"
+    finally:
+        writer.close()

@@ -330,3 +330,20 @@ def test_lease_owner_round_trips_run_ids_with_colons_and_names_its_dag():
     assert protocol.LeaseOwner.parse("cli:host.example:42").scope == "host.example"
     for text in (None, "", "new-owner", "airflow:ysb", "job:x:1"):
         assert protocol.LeaseOwner.parse(text) is None
+
+
+# -- foreign_commits: a RESTORE must not undo another pipeline's rows ---------------------------
+
+
+def test_foreign_commits_lists_other_pipelines_above_the_target_in_the_current_lineage():
+    from sluice.protocol import TableCommit, foreign_commits
+
+    newest_first = [TableCommit(v, op, restored_to=r, pipeline=p) for v, op, r, p in reversed([
+        (0, "CREATE", None, "a"), (1, "WRITE", None, "a"), (2, "WRITE", None, "b"), (3, "WRITE", None, "a"),
+        (4, "WRITE", None, "b"), (5, "RESTORE", 3, None), (6, "WRITE", None, "a"), (7, "WRITE", None, None)])]
+    # b's version 4 was undone by the RESTORE to 3; its version 2 is still in the table.
+    assert foreign_commits(newest_first, "a", 1) == {"b": [2]}
+    assert foreign_commits(newest_first, "a", 2) == {}
+    assert foreign_commits(newest_first, "b", 0) == {"a": [1, 3, 6]}
+    assert foreign_commits(newest_first, "a", 7) == {}
+    assert foreign_commits([], "a", 0) == {}

@@ -15,7 +15,7 @@ if _PLUGINS not in sys.path:
 
 from sluice.errors import SpecError  # noqa: E402
 from sluice.paths import PROJECT_ROOT  # noqa: E402
-from sluice.spec import PipelineSpec, get_spec, load_spec, load_specs  # noqa: E402
+from sluice.spec import PipelineSpec, get_spec, load_pipeline_specs, load_spec, shared_tables  # noqa: E402
 
 SHIPPED = ROOT / "include" / "pipelines"
 
@@ -60,7 +60,8 @@ def spec_error(path: Path) -> str:
 
 
 def test_shipped_specs_load():
-    specs = load_specs(SHIPPED)
+    specs, errors = load_pipeline_specs(SHIPPED)
+    assert not errors
     assert {"ysb", "ysb_clean"} <= set(specs)
     for name, spec in specs.items():
         assert isinstance(spec, PipelineSpec)
@@ -252,7 +253,8 @@ def test_relative_paths_resolve_against_project_root(tmp_path):
     assert spec.source.path == str(PROJECT_ROOT / "var" / "landing" / "demo")
     assert spec.sinks[0].path == str(PROJECT_ROOT / "tables" / "out")
     assert spec.reference["ads"] == str(PROJECT_ROOT / "include" / "reference" / "ads.csv")
-    assert spec.rejected_table == str(PROJECT_ROOT / "tables" / "_rejected")  # next to the first sink
+    # next to the first sink; the folder is not named after the pipeline, so the name says whose
+    assert spec.rejected_table == str(PROJECT_ROOT / "tables" / "_rejected_demo")
 
 
 def test_relative_paths_follow_sluice_home(tmp_path, monkeypatch):
@@ -271,3 +273,35 @@ def test_relative_paths_follow_sluice_home(tmp_path, monkeypatch):
 def test_relative_rejected_path_resolves_against_project_root(tmp_path):
     spec = load_spec(write(tmp_path, "demo", VALID + "rejected_path: var/tables/demo/_rejected\n"))
     assert spec.rejected_table == str(PROJECT_ROOT / "var" / "tables" / "demo" / "_rejected")
+
+
+# -- each pipeline owns its tables (a rollback RESTOREs them) ----------------------------------
+
+
+def test_pipelines_whose_sinks_share_a_folder_get_their_own_side_tables(tmp_path):
+    for name in ("orders", "refunds"):
+        write(tmp_path, name, VALID.replace("/data/tables/demo/out", f"/data/tables/{name}_out"))
+    specs, errors = load_pipeline_specs(tmp_path)
+    assert not errors and set(specs) == {"orders", "refunds"}
+    assert specs["orders"].rejected_table == "/data/tables/_rejected_orders"
+    assert specs["refunds"].rejected_table == "/data/tables/_rejected_refunds"
+    assert specs["refunds"].quarantine_table == "/data/tables/_quarantine_refunds"
+    assert not shared_tables(specs.values())
+
+
+def test_pipelines_writing_the_same_table_are_refused_and_the_others_load(tmp_path):
+    shared = "rejected_path: /data/tables/_rejected\n"
+    write(tmp_path, "orders", VALID.replace("/data/tables/demo/out", "/data/tables/orders/out") + shared)
+    write(tmp_path, "refunds", VALID.replace("/data/tables/demo/out", "/data/tables/refunds/out") + shared)
+    write(tmp_path, "stock", VALID.replace("/data/tables/demo/out", "/data/tables/stock/out"))
+    write(tmp_path, "copy", VALID.replace("/data/tables/demo/out", "/data/tables/stock/out"))
+    specs, errors = load_pipeline_specs(tmp_path)
+    assert set(specs) == set(), "every pipeline here shares a table with another"
+    assert len(errors) == 2, errors
+    joined = " | ".join(errors)
+    assert "pipelines orders, refunds all write the Delta table /data/tables/_rejected" in joined
+    assert "pipelines copy, stock all write the Delta table /data/tables/stock/out" in joined
+    assert str(tmp_path / "orders.yaml") in joined and str(tmp_path / "refunds.yaml") in joined
+    write(tmp_path, "copy", VALID.replace("/data/tables/demo/out", "/data/tables/copy/out"))
+    specs, errors = load_pipeline_specs(tmp_path)
+    assert set(specs) == {"stock", "copy"} and len(errors) == 1

@@ -16,16 +16,17 @@ from datetime import timedelta
 from typing import Any
 
 import pendulum
-from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 from airflow.providers.standard.operators.python import ShortCircuitOperator
 from airflow.providers.standard.operators.trigger_dagrun import TriggerDagRunOperator
 from airflow.sdk import DAG, Param
 
 from sluice.airflow.operators import (
+    TABLE_CHANGES,
     CheckpointOperator,
     PlanGroupOperator,
     RollbackOperator,
     RunGroupOperator,
+    RunGroupSubmitOperator,
     SkipFileOperator,
     ValidateOperator,
     release_lease_on_failure,
@@ -78,7 +79,7 @@ def build_dag(spec: PipelineSpec) -> DAG:
         plan = PlanGroupOperator(task_id="plan_group", pipeline=spec.name)
         if spec.spark.mode == "submit" and not remote_url():  # no JVM per group with a Connect server
             jars = jars_dir()
-            run = SparkSubmitOperator(
+            run = RunGroupSubmitOperator(
                 task_id="run_group",
                 application=str(project_root() / "jobs" / "run_group.py"),
                 application_args=["--pipeline", spec.name,
@@ -88,7 +89,6 @@ def build_dag(spec: PipelineSpec) -> DAG:
                 conf=spark_conf({"spark.driver.extraJavaOptions": f"{RUN_ONCE_JAVA_OPTIONS} -Dlog4j2.configurationFile="
                                  f"file:{project_root() / 'jobs' / 'log4j2.properties'}", **spec.spark.conf}),
                 jars=",".join(str(jars / name) for name in DELTA_JAR_NAMES),
-                env_vars={"SLUICE_STORE_URL": "{{ ti.xcom_pull(task_ids='plan_group')['store_url'] }}"},
                 name=f"sluice-{spec.name}",
             )
         else:
@@ -136,7 +136,7 @@ def build_rollback_dag(specs: dict[str, PipelineSpec]) -> DAG:
         recompute=Param(True, type="boolean", title="Recompute",
                         description="Recompute the rolled-back epochs now, with their recorded ranges."),
     ) as dag:
-        rollback = RollbackOperator(task_id="rollback", pipeline="{{ params.pipeline }}")
+        rollback = RollbackOperator(task_id="rollback", pipeline="{{ params.pipeline }}", outlets=[TABLE_CHANGES])
         recompute = ShortCircuitOperator(task_id="recompute", python_callable=_recompute)
         _group_steps(rollback, recompute, plan_task_id="rollback")
     return dag
@@ -175,7 +175,7 @@ def _group_steps(head: Any, gate: Any, plan_task_id: str) -> None:
     run = RunGroupOperator(task_id="run_group", pipeline="{{ params.pipeline }}", plan_task_id=plan_task_id)
     validate = ValidateOperator(task_id="validate", pipeline="{{ params.pipeline }}", plan_task_id=plan_task_id)
     checkpoint = CheckpointOperator(task_id="checkpoint", pipeline="{{ params.pipeline }}",
-                                    plan_task_id=plan_task_id)
+                                    plan_task_id=plan_task_id, outlets=[TABLE_CHANGES])
     if gate is not None:
         head >> gate >> run
     else:

@@ -13,7 +13,8 @@ import time
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
-from airflow.sdk import Asset, BaseOperator
+from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
+from airflow.sdk import Asset, AssetAlias, BaseOperator
 from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
 from sluice import execution
@@ -55,6 +56,32 @@ def sink_asset(pipeline: str, sink: SinkSpec) -> Asset:
     return Asset(name=f"sluice/{pipeline}/{sink.name}", uri=f"file://{sink.path}", group="sluice")
 
 
+#: The operator-action DAGs act on a pipeline chosen when triggered, so their tables' Assets are
+#: not known when the DAG is parsed: their tasks emit through this alias, and a downstream DAG
+#: scheduled on a sink's Asset receives those events like any other.
+TABLE_CHANGES = AssetAlias("sluice/table-changes")
+
+
+def emit_table_changes(task: BaseOperator, context: Any, spec: PipelineSpec,
+                       extras: dict[str, dict[str, Any]]) -> None:
+    """An Asset event per sink named in ``extras`` (with that extra, plus the pipeline, sink and
+    table): on the sink's Asset when it is one of the task's outlets, else through
+    ``TABLE_CHANGES``, so every change of a table (publish, rollback, recompute, recovery)
+    reaches the DAGs scheduled on it."""
+    outlet_events = context.get("outlet_events")
+    if outlet_events is None:
+        return
+    for sink in spec.sinks:
+        if sink.name not in extras:
+            continue
+        asset = sink_asset(spec.name, sink)
+        extra = dict(extras[sink.name], pipeline=spec.name, sink=sink.name, table=sink.path)
+        if asset in task.outlets:
+            outlet_events[asset].extra = extra
+        elif TABLE_CHANGES in task.outlets:
+            outlet_events[TABLE_CHANGES].add(asset, extra=extra)
+
+
 def backfill_interval(context: Any, schedule: str | None) -> tuple[Any, Any]:
     """The period a backfill run covers. Cron schedules in Airflow 3 use trigger timetables
     whose data interval is a point in time; their run then covers ``[logical date, next
@@ -67,6 +94,24 @@ def backfill_interval(context: Any, schedule: str | None) -> tuple[Any, Any]:
     return start, end
 
 
+def pipeline_store() -> str:
+    """The epoch store's URL as this task resolves it (``store_url``: ``$SLUICE_STORE_URL``, the
+    ``sluice_store`` connection, or SQLite under ``$AIRFLOW_HOME``), its password masked in the
+    task's logs. Every step resolves it the same way, so it never travels in XCom or in a
+    rendered template field, where anyone who may read the DAG would see the password."""
+    from airflow.sdk.log import mask_secret
+    from sqlalchemy.engine import make_url
+
+    url = store_url()
+    try:
+        password = make_url(url).password
+    except Exception:  # not a URL SQLAlchemy parses: EpochLog will say so
+        password = None
+    if password:
+        mask_secret(str(password))
+    return url
+
+
 def release_lease_on_failure(context: Any) -> None:
     """``on_failure_callback`` of sluice's tasks: a run that failed for good gives its lease
     up, so an operator's rollback or recovery need not wait for it to expire."""
@@ -76,7 +121,7 @@ def release_lease_on_failure(context: Any) -> None:
         spec = get_spec(params.get("pipeline") or dag_id)
     except SluiceError:
         return
-    log = EpochLog(store_url())
+    log = EpochLog(pipeline_store())
     try:
         execution.release(spec, log, lease_owner(dag_id, run_id))
     finally:
@@ -106,7 +151,8 @@ class PlanGroupOperator(_SluiceOperator):
     """Reconcile and plan (write-ahead) the next group; skip the rest of the run if idle.
 
     Returns the plan (``GroupPlan.as_xcom()``: ``group_id``, epochs with their ranges, the
-    controllers' plan, or a recorded rollback) and the store URL, which the Spark step needs.
+    controllers' plan, or a recorded rollback). The store's URL is not in it: each step
+    resolves it itself (``pipeline_store``).
     """
 
     template_fields: Sequence[str] = ("pipeline",)
@@ -124,7 +170,7 @@ class PlanGroupOperator(_SluiceOperator):
         params = context["params"]
         sensed = SensedPlan.from_xcom(context["ti"].xcom_pull(task_ids=self.sensor_task_id))
         dag_id, run_id = context["dag"].dag_id, context["run_id"]
-        url = store_url()
+        url = pipeline_store()
         log = EpochLog(url)
         dag_run = context["dag_run"]
         interval = None
@@ -164,7 +210,7 @@ class PlanGroupOperator(_SluiceOperator):
         else:
             self.log.info("Planned group %s of %s:\n%s", group.group_id, spec.name,
                           _epoch_table([vars(e) for e in group.epochs]))
-        return dict(group.as_xcom(), store_url=url)
+        return group.as_xcom()
 
 
 class Planned(NamedTuple):
@@ -173,7 +219,7 @@ class Planned(NamedTuple):
     spec: PipelineSpec
     plan: GroupPlan
     owner: str  # this DAG run's lease owner
-    store_url: str
+    store_url: str  # resolved by each task (``pipeline_store``), never handed on in XCom
 
 
 class _PlannedGroupOperator(_SluiceOperator):
@@ -189,7 +235,7 @@ class _PlannedGroupOperator(_SluiceOperator):
     def planned(self, context: Any) -> Planned:
         value = context["ti"].xcom_pull(task_ids=self.plan_task_id)
         return Planned(get_spec(self.pipeline), GroupPlan.from_xcom(value),
-                       lease_owner(context["dag"].dag_id, context["run_id"]), value["store_url"])
+                       lease_owner(context["dag"].dag_id, context["run_id"]), pipeline_store())
 
 
 class RunGroupOperator(_PlannedGroupOperator):
@@ -251,7 +297,7 @@ class RollbackOperator(_PipelineOperator):
         params = context["params"]
         spec = get_spec(self.pipeline)
         owner = lease_owner(context["dag"].dag_id, context["run_id"])
-        url = store_url()
+        url = pipeline_store()
         log = EpochLog(url)
         reused = SparkSession.getActiveSession() is not None
         spark = None
@@ -277,7 +323,15 @@ class RollbackOperator(_PipelineOperator):
         self.log.info("Rolled %s back to epoch %s: generation %s -> %s; restored %s; rolled back %s",
                       spec.name, report["to_epoch"], report["from_generation"], report["generation"],
                       json.dumps(report["restored"]), [r[0] for r in report["rolled_back"]])
-        return dict(report, **plan.as_xcom(), store_url=url)
+        # Rows were removed: downstream DAGs learn it now, not only when a recompute publishes.
+        emit_table_changes(self, context, spec, {
+            sink.name: {"change": "rollback", "to_epoch": report["to_epoch"], "reason": report["reason"],
+                        "generation": report["generation"], "from_generation": report["from_generation"],
+                        "restored_to_version": report["restored"].get(sink.path),
+                        "rolled_back_epochs": [r[0] for r in report["rolled_back"]],
+                        "recompute": bool(params["recompute"]), "by": report["by"]}
+            for sink in spec.sinks})
+        return dict(report, **plan.as_xcom())
 
 
 class SkipFileOperator(_PipelineOperator):
@@ -289,7 +343,7 @@ class SkipFileOperator(_PipelineOperator):
     def act(self, context: Any) -> dict[str, Any]:
         params = context["params"]
         spec = get_spec(self.pipeline)
-        log = EpochLog(store_url())
+        log = EpochLog(pipeline_store())
         try:
             report = execution.skip_file(spec, log, params["file"], reason=params["reason"],
                                          by=lease_owner(context["dag"].dag_id, context["run_id"]))
@@ -335,12 +389,13 @@ class CheckpointOperator(_PlannedGroupOperator):
             self.log.info("Published group %s of %s:\n%s", group["group_id"], spec.name,
                           _epoch_table(group["epochs"]))
         self.log.info("Backlog left: %s", json.dumps(result["backlog"]))
-        outlet_events = context.get("outlet_events")
-        for sink in spec.sinks:
-            published = result["published"][sink.name]
-            if outlet_events is not None and published["epochs"]:
-                outlet_events[sink_asset(spec.name, sink)].extra = dict(published, pipeline=spec.name,
-                                                                        sink=sink.name, table=sink.path)
+        # A recovery, a recompute after a rollback or a backfill's redo publishes recomputed rows.
+        change = ("recompute" if planned.rollback or context["dag"].dag_id == "sluice_rollback"
+                  else "recovery" if context["dag"].dag_id == "sluice_recover" else "publish")
+        emit_table_changes(self, context, spec, {
+            sink.name: dict(result["published"][sink.name], change=change,
+                            rollback=vars(planned.rollback) if planned.rollback else None)
+            for sink in spec.sinks if result["published"][sink.name]["epochs"]})
         return result
 
 
@@ -370,3 +425,13 @@ def _validation_table(epochs: list[dict[str, Any]]) -> str:
             lines.append(f"{e['epoch_id']:>6} {e['state']:>10}  {sink}: {status} "
                          f"({r.get('evaluated')} expectations{quarantined})")
     return "\n".join(lines)
+
+
+class RunGroupSubmitOperator(SparkSubmitOperator):
+    """Airflow's ``SparkSubmitOperator`` running ``jobs/run_group.py`` (``spark.mode: submit``).
+    The job learns the epoch store's URL from its environment, set here at execute time: a
+    template field would be rendered, and shown, before ``execute``."""
+
+    def execute(self, context: Any) -> Any:
+        self.env_vars = {**(self.env_vars or {}), "SLUICE_STORE_URL": pipeline_store()}
+        return super().execute(context)

@@ -40,10 +40,10 @@ class BacklogSensor(BaseSensorOperator):
         self.min_files = min_files
         self.continuous = continuous
 
-    def _store_url(self) -> str:
-        from sluice.store import store_url
+    def _store_url(self) -> str:  # handed to the trigger, whose kwargs Airflow stores encrypted
+        from sluice.airflow.operators import pipeline_store
 
-        return store_url()
+        return pipeline_store()
 
     def poke(self, context: Any) -> PokeReturnValue:
         ready = check_backlog(self.pipeline, self._store_url(), self.min_files, continuous=self.continuous)

@@ -1,36 +1,56 @@
 """Read-only epoch-log API, served by the Airflow api-server under ``/sluice``.
 
-``GET /sluice/pipelines`` lists pipelines with a summary; ``GET /sluice/pipelines/{name}/epochs``
-returns every epoch of every generation once (rolled-back ones included) with the generation
-that wrote it, the one it lives in now, and its files; ``GET /sluice/pipelines/{name}/control``
-the adaptive controllers' state and what the backlog sensor would decide now. (Plugin apps
-are not behind Airflow's auth: this one only reads.)
+``GET /sluice/pipelines`` lists the pipelines the user may read, with a summary;
+``GET /sluice/pipelines/{dag_id}/epochs`` returns every epoch of every generation once
+(rolled-back ones included) with the generation that wrote it, the one it lives in now, and its
+files; ``GET /sluice/pipelines/{dag_id}/control`` the adaptive controllers' state and what the
+backlog sensor would decide now.
+
+Behind Airflow's auth: plugin apps are mounted outside the core API, whose dependencies never
+reach them, so every route here asks for the user itself (a Bearer JWT, or the UI's session
+cookie) and for read access to the pipeline's DAG (its id is the pipeline's name), as the core
+API's DAG routes do: 401 without a valid token, 403 without access. Reads only: no route
+writes to the store.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from fastapi import FastAPI, HTTPException
+from airflow.api_fastapi.core_api.security import GetUserDep, requires_access_dag
+from fastapi import Depends, FastAPI, HTTPException, Request
 
 from sluice.errors import SluiceError
-from sluice.spec import get_spec, load_specs
+from sluice.spec import get_spec, load_pipeline_specs
 from sluice.store import EpochLog
 
 app = FastAPI(title="sluice epoch log")
 
+#: Read access to the DAG named by the route's ``dag_id`` (the pipeline).
+CAN_READ = [Depends(requires_access_dag("GET"))]
+
+
+def readable(request: Request, user: GetUserDep, name: str) -> bool:
+    try:
+        requires_access_dag("GET", param_dag_id=name)(request, user)
+    except HTTPException:
+        return False
+    return True
+
 
 @app.get("/pipelines")
-def pipelines() -> list[dict[str, Any]]:
+def pipelines(request: Request, user: GetUserDep) -> list[dict[str, Any]]:
+    """The pipelines whose DAG the user may read."""
     log = EpochLog()
     try:
-        return [log.summary(name) for name in load_specs()]
+        return [log.summary(name) for name in load_pipeline_specs()[0] if readable(request, user, name)]
     finally:
         log.close()
 
 
-@app.get("/pipelines/{name}/epochs")
-def epochs(name: str) -> list[dict[str, Any]]:
+@app.get("/pipelines/{dag_id}/epochs", dependencies=CAN_READ)
+def epochs(dag_id: str) -> list[dict[str, Any]]:
+    name = dag_id  # a pipeline's DAG id is its name
     try:
         get_spec(name)
     except SluiceError as exc:
@@ -49,8 +69,9 @@ def epochs(name: str) -> list[dict[str, Any]]:
         log.close()
 
 
-@app.get("/pipelines/{name}/control")
-def control(name: str) -> dict[str, Any]:
+@app.get("/pipelines/{dag_id}/control", dependencies=CAN_READ)
+def control(dag_id: str) -> dict[str, Any]:
+    name = dag_id  # a pipeline's DAG id is its name
     from sluice import adaptive
     from sluice.sources import FileSource
 

@@ -407,6 +407,19 @@ def restore(spark: SparkSession, path: str, version: int) -> dict[str, Any] | No
     return row.asDict(recursive=True) if row is not None else None
 
 
+def restore_conflict(spark: SparkSession, path: str, pipeline: str, version: int) -> str | None:
+    """Why ``pipeline`` must not RESTORE the table at ``path`` to ``version``: other pipelines
+    committed to it since (their rows would be undone too); ``None`` when none did."""
+    foreign = protocol.foreign_commits(commit_lineage(spark, path), pipeline, version)
+    if not foreign:
+        return None
+    writers = "; ".join(f"pipeline {name!r} (versions {', '.join(map(str, versions))})"
+                        for name, versions in sorted(foreign.items()))
+    return (f"table {path} also holds rows of {writers} written after version {version}: a RESTORE by "
+            f"pipeline {pipeline!r} would remove them too. Give each pipeline its own tables (`rejected_path`, "
+            f"`quarantine_path`, the sinks' `path`; the defaults are per pipeline)")
+
+
 def optimize(spark: SparkSession, path: str) -> Any:
     """Compact the table at ``path`` (OPTIMIZE); the row with its ``metrics``."""
     if is_connect(spark):
@@ -460,4 +473,4 @@ def commit_lineage(spark: SparkSession, path: str) -> Iterator[protocol.TableCom
             (int(meta["epoch"]),) if "epoch" in meta and "epochs" not in meta else ())
         yield protocol.TableCommit(
             version, str(info.get("operation") or ""), int(restored) if restored not in (None, "") else None,
-            meta.get("app_id"), meta.get("generation"), epochs, int(meta.get("token") or 0))
+            meta.get("app_id"), meta.get("generation"), epochs, int(meta.get("token") or 0), meta.get("pipeline"))

@@ -294,14 +294,18 @@ class EpochLog:
     # -- pipelines and leases -------------------------------------------------------------
 
     def _pipeline(self, session: Session, name: str, *, lock: bool = False) -> PipelineRow:
+        """The pipeline's row, locked for a writer. Only a writer creates it: a read of a
+        pipeline that never ran (the epoch API, a sensor) sees its initial state and writes
+        nothing, so it never takes the store's write lock."""
         stmt = select(PipelineRow).where(PipelineRow.name == name)
         if lock:
             stmt = stmt.with_for_update()
         row = session.scalars(stmt).first()
         if row is None:
             row = PipelineRow(name=name, generation=0, fence=0, created_at=utcnow())
-            session.add(row)
-            session.flush()
+            if lock:
+                session.add(row)
+                session.flush()
         return row
 
     def generation(self, pipeline: str) -> int:

@@ -1,0 +1,98 @@
+"""The epoch API behind Airflow's auth, on a real ``airflow api-server`` (simple auth manager,
+three users): no token 401, a user without DAG access 403, a viewer 200 with what the store
+holds; the UI's session cookie works like the Bearer header. Plugin apps are mounted outside
+the core API's auth, so this is the plugin's own doing."""
+
+from __future__ import annotations
+
+import json
+import secrets
+import subprocess
+from collections.abc import Iterator
+
+import httpx
+import pytest
+
+from sluice.store import EpochLog
+from tests.airflow import standalone
+from tests.pipelines import make_pipeline
+
+#: user -> role of the simple auth manager ("": a user with no role, so no access to any DAG).
+USERS = {"admin": "admin", "viewer": "viewer", "nobody": ""}
+ROUTES = ("/sluice/pipelines/{p}/epochs", "/sluice/pipelines/{p}/control")
+
+
+@pytest.fixture(scope="module")
+def api(tmp_path_factory) -> Iterator[tuple[standalone.Server, dict[str, str]]]:
+    """``airflow api-server`` alone (no scheduler needed to serve the API), with the users'
+    passwords in a file; yields it with a token per user, each from ``POST /auth/token``."""
+    home = tmp_path_factory.mktemp("api_auth") / "airflow"
+    home.mkdir(parents=True)
+    passwords = {user: secrets.token_urlsafe(12) for user in USERS}
+    (home / "passwords.json").write_text(json.dumps(passwords))
+    env = {"AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS": "False",
+           "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": ",".join(f"{u}:{r}" for u, r in USERS.items()),
+           "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(home / "passwords.json")}
+    migrate = subprocess.run([standalone.airflow_command(), "db", "migrate"], capture_output=True, text=True,
+                             env={**standalone.server_env(home, 0), **env}, cwd=home, timeout=300)
+    assert migrate.returncode == 0, migrate.stdout[-2000:] + migrate.stderr[-2000:]
+    server = standalone.start(home, ("api-server",), env)
+    try:
+        with httpx.Client(base_url=server.url, timeout=30.0) as client:
+            standalone.wait_for(lambda: _up(client), 180, "the api-server to answer", server=server)
+            tokens = {}
+            for user, password in passwords.items():
+                r = client.post("/auth/token", json={"username": user, "password": password})
+                assert r.status_code in (200, 201), r.text
+                tokens[user] = r.json()["access_token"]
+        yield server, tokens
+    finally:
+        standalone.stop(server)
+
+
+def _up(client: httpx.Client) -> bool:
+    try:
+        return client.get("/api/v2/version").status_code in (200, 401)
+    except httpx.TransportError:
+        return False
+
+
+def test_every_route_needs_a_user_with_read_access_to_the_pipeline_dag(api):
+    server, tokens = api
+    spec = make_pipeline("auth_probe")
+    log = EpochLog()
+    (spec.landing_dir / "a.json").write_text("{}\n")
+    lease = log.acquire_lease(spec.name, "t")
+    log.register_files(spec.name, [(str(spec.landing_dir / "a.json"), 3, 1.0)])
+    log.plan_group(lease, epoch_size=1, k=1)
+    (spec.landing_dir / "b.json").write_text("{}\n")
+    log.close()
+
+    def get(path: str, user: str | None = None, **kw) -> httpx.Response:
+        headers = {"Authorization": f"Bearer {tokens[user]}"} if user else {}
+        with httpx.Client(base_url=server.url, timeout=30.0) as client:
+            return client.get(path, headers=headers, **kw)
+
+    for route in (*ROUTES, "/sluice/pipelines"):
+        path = route.format(p=spec.name)
+        assert get(path).status_code == 401, path
+        with httpx.Client(base_url=server.url, timeout=30.0) as client:
+            forged = client.get(path, headers={"Authorization": "Bearer not-a-token"})
+        assert forged.status_code in (401, 403), (path, forged.status_code)
+    for route in ROUTES:
+        assert get(route.format(p=spec.name), "nobody").status_code == 403
+        assert get(route.format(p="no_such_pipeline")).status_code == 401  # nothing said before a login
+    assert get("/sluice/pipelines", "nobody").json() == []  # a list of the pipelines it may read: none
+
+    epochs = get(f"/sluice/pipelines/{spec.name}/epochs", "viewer")
+    assert epochs.status_code == 200, epochs.text
+    assert [(e["epoch_id"], e["start"], e["end"], e["state"]) for e in epochs.json()] == [(0, 0, 1, "planned")]
+    assert [f["path"] for f in epochs.json()[0]["files"]] == [str(spec.landing_dir / "a.json")]
+    control = get(f"/sluice/pipelines/{spec.name}/control", "viewer").json()
+    assert control["backlog"]["files"] == 1 and control["next"]["epoch_size"] == spec.control.epoch_files, control
+    assert get("/sluice/pipelines/no_such_pipeline/epochs", "viewer").status_code == 404
+    names = {p["pipeline"] for p in get("/sluice/pipelines", "admin").json()}
+    assert {"ysb", "auth_probe"} <= names
+    # The Airflow UI keeps the user's token in its session cookie; a page of the plugin sends it.
+    with httpx.Client(base_url=server.url, timeout=30.0, cookies={"_token": tokens["viewer"]}) as browser:
+        assert browser.get(f"/sluice/pipelines/{spec.name}/epochs").status_code == 200
