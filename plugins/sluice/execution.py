@@ -196,7 +196,8 @@ def plan(spec: PipelineSpec, epoch_log: EpochLog, owner: str, *, epoch_size: int
             FileSource(spec, epoch_log).discover()
             group = epoch_log.plan_group(lease, epoch_size=epoch_size or spec.control.epoch_files,
                                          k=k or spec.control.group_epochs, plan={**(extra or {}), "reason": reason},
-                                         only_leftovers=recover, fresh_attempts=recover)
+                                         only_leftovers=recover, fresh_attempts=recover,
+                                         max_bytes=spec.control.epoch_max_bytes)
             planned = GroupPlan.of(group) if group else None
     except BaseException:
         epoch_log.release_lease(lease)
@@ -611,8 +612,9 @@ def _plan_backfill_new_data(spec: PipelineSpec, epoch_log: EpochLog, lease: Leas
         return None
     size = epoch_size or spec.control.epoch_files
     # All of it in this run: a backfill's last run must leave none of its range unprocessed.
-    group = epoch_log.plan_group(lease, epoch_size=size, k=k or max(spec.control.group_epochs, -(-len(landed) // size)),
-                                 until_offset=max(landed) + 1,
+    # k as large as one epoch per file: the byte bound may split the files into more epochs.
+    group = epoch_log.plan_group(lease, epoch_size=size, k=k or max(spec.control.group_epochs, len(landed)),
+                                 until_offset=max(landed) + 1, max_bytes=spec.control.epoch_max_bytes,
                                  plan={"reason": f"backfill: {len(landed)} files that landed before "
                                                  f"{_iso(before)} were never processed"})
     return GroupPlan.of(group) if group else None

@@ -83,6 +83,10 @@ class ControlSpec(_Strict):
     adaptive: bool = Field(False, description="size epochs (DyBBS) and groups (Drizzle AIMD) from measurements; "
                                               "false: the fixed sizes below")
     epoch_files: int = Field(4, ge=1, le=100_000, description="epoch size, in source files (the start, if adaptive)")
+    epoch_max_bytes: int | None = Field(
+        None, ge=1, description="bound an epoch in bytes as well as files (a number of bytes, or with a unit: "
+                                "512MiB, 2GB): it ends before the file that would take it past the bound, and a "
+                                "larger file is an epoch alone; null: files only")
     group_epochs: int = Field(3, ge=1, le=1000, description="k: epochs per group (one Spark application)")
     max_group_epochs: int = Field(64, ge=1, le=1000, description="adaptive: the largest k")
     freshness_sla_s: float = Field(300, gt=0, description="the sensor starts a group before its oldest data "
@@ -103,6 +107,11 @@ class ControlSpec(_Strict):
         "auto", description="epochs of a group computed at once (A-scheduler), for pipelines whose sinks all "
                             "append; auto: tuned online by hill climbing; 1: one after the other")
     max_concurrent_epochs: int = Field(4, ge=1, le=32, description="auto: the highest concurrency tried")
+
+    @field_validator("epoch_max_bytes", mode="before")
+    @classmethod
+    def _bytes_with_unit(cls, value: Any) -> Any:
+        return parse_bytes(value) if isinstance(value, str) else value
 
     @model_validator(mode="after")
     def _cost_needs_measurements(self) -> ControlSpec:
@@ -212,6 +221,19 @@ class PipelineSpec(_Strict):
             if s.name == name:
                 return s
         raise KeyError(f"pipeline {self.name!r} has no sink {name!r}")
+
+
+_BYTES = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]i?B|B)?\s*$", re.IGNORECASE)
+_UNITS = {"b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+          "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+
+
+def parse_bytes(text: str) -> int:
+    """``"512MiB"`` -> 536870912; ``"2GB"`` -> 2000000000; a bare number is bytes."""
+    match = _BYTES.match(text)
+    if not match:
+        raise ValueError(f"{text!r} is not a size (a number of bytes, or with a unit: 512MiB, 2GB)")
+    return int(float(match.group(1)) * _UNITS[(match.group(2) or "B").lower()])
 
 
 _VAR = re.compile(r"\$\{([A-Z_][A-Z0-9_]*)(?::-([^}]*))?\}")

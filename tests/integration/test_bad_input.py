@@ -122,3 +122,26 @@ def test_files_read_line_by_line_in_several_blocks_report_each_bad_line_exactly(
     order = sorted(paths, key=lambda f: (f.stat().st_mtime, str(f)))
     epochs = {(r["file"], r["epoch"]) for r in spark.read.format("delta").load(spec.rejected_table).collect()}
     assert epochs == {(str(p), order.index(p) // 2) for p in {p for p in paths if str(p) in {f for f, _ in rejected}}}
+
+
+def test_epochs_bounded_in_bytes_hold_files_up_to_the_bound_and_equal_the_oracle(spark):
+    """`control.epoch_max_bytes`: small and large files mixed; every epoch stays within the
+    bound (a file larger than it is an epoch alone), and the table equals the oracle."""
+    spec = make_pipeline("bytes_bound", **{"control.epoch_files": 4, "control.group_epochs": 8,
+                                           "control.epoch_max_bytes": "40KiB", "spark.mode": "in_process"})
+    land(spec, files=3, rate_per_file=60, seed=31)
+    land(spec, files=2, rate_per_file=400, seed=32)  # each above 40 KiB
+    land(spec, files=3, rate_per_file=60, seed=33)
+    log = EpochLog()
+    try:
+        execution.run_once(spec, log, spark, drain=True)
+        sizes = {e.path: e.size for e in log.manifest(spec.name)}
+        epochs = log.epochs(spec.name)
+        held = [[e.size for e in log.manifest(spec.name, ep.start, ep.end)] for ep in epochs]
+        assert sum(map(len, held)) == len(sizes) == 8
+        assert all(len(h) == 1 or sum(h) <= 40 * 1024 for h in held), held
+        assert any(len(h) == 1 and h[0] > 40 * 1024 for h in held), "the large files are epochs alone"
+        assert len(epochs) > 2, "4 files per epoch alone would have made 2 epochs"
+        assert_matches_oracle(spark, spec, log)
+    finally:
+        log.close()

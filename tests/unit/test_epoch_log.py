@@ -581,3 +581,13 @@ def test_reads_of_a_pipeline_that_never_ran_write_nothing(db_url):
         assert writer.lease_holder(P) == "w"
     finally:
         writer.close()
+
+
+def test_plan_group_bounds_new_epochs_in_bytes_and_counts_a_skipped_file_as_nothing(log):
+    sizes = [60, 50, 30, 200, 20]
+    log.register_files(P, [(f"/landing/b{i}.json", size, 1000.0 + i) for i, size in enumerate(sizes)])
+    log.skip_file(P, "/landing/b1.json", by="op", reason="lost upload")
+    lease = log.acquire_lease(P, "w")
+    group = log.plan_group(lease, epoch_size=3, k=10, max_bytes=100)
+    # b1 is skipped (0 bytes): 60 + 0 + 30 fits; 200 is an epoch alone; then 20.
+    assert spans(group) == [(0, 0, 3), (1, 3, 4), (2, 4, 5)]

@@ -120,7 +120,8 @@ def test_backlog_counts_files_bytes_and_oldest_age(source, landing):
     assert backlog.bytes == 42
     assert 100 <= backlog.oldest_age_s < 160
     assert backlog.next_offset == 0
-    assert backlog.as_dict() == {"files": 2, "bytes": 42, "oldest_age_s": backlog.oldest_age_s, "next_offset": 0}
+    assert backlog.as_dict() == {"files": 2, "bytes": 42, "oldest_age_s": backlog.oldest_age_s, "next_offset": 0,
+                                 "refused": []}
 
 
 def test_backlog_is_read_only(source, log, landing):
@@ -221,3 +222,26 @@ def test_missing_landing_folder(source, spec, landing, call):
     assert repr(NAME) in message
     assert str(landing) in message
     assert spec.path in message  # where to fix source.path
+
+
+def test_a_symbolic_link_out_of_the_landing_folder_is_refused_and_reported(source, landing, tmp_path, caplog):
+    land(landing, "a.json", 1000.0)
+    land(landing, "b.json", 1001.0)
+    os.symlink(landing / "b.json", landing / "c.json")  # within the folder: read like any file
+    secret = tmp_path / "elsewhere" / "secret.json"
+    secret.parent.mkdir()
+    secret.write_text('{"id": "x", "n": 1}\n')
+    os.symlink(secret, landing / "d.json")
+    os.symlink("../elsewhere/secret.json", landing / "e.json")  # relative, leading out all the same
+    with caplog.at_level("WARNING", logger="sluice.sources.files"):
+        listing = source.list_folder()
+        source.list_folder()  # unchanged: reported once, not at every poll
+    assert names(listing) == ["a.json", "b.json", "c.json"]
+    assert [r.split(" is ")[0] for r in source.refused] == [str(landing / "d.json"), str(landing / "e.json")]
+    assert all(str(secret) in r for r in source.refused)
+    warnings = [r.getMessage() for r in caplog.records]
+    assert len(warnings) == 2 and all("outside the landing folder" in w for w in warnings), warnings
+    backlog = source.backlog()
+    assert backlog.files == 3 and len(backlog.as_dict()["refused"]) == 2
+    source.discover()
+    assert str(secret) not in {e.path for e in source.log.manifest(source.spec.name)}

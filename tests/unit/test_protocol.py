@@ -347,3 +347,40 @@ def test_foreign_commits_lists_other_pipelines_above_the_target_in_the_current_l
     assert foreign_commits(newest_first, "b", 0) == {"a": [1, 3, 6]}
     assert foreign_commits(newest_first, "a", 7) == {}
     assert foreign_commits([], "a", 0) == {}
+
+
+# -- plan_ranges bounded in bytes ---------------------------------------------------------------
+
+
+def test_plan_ranges_bounded_in_bytes_ends_an_epoch_before_the_file_that_passes_the_bound():
+    sizes = [40, 40, 30, 100, 5, 5, 250, 10]  # offsets 10..17
+    assert spans(plan_ranges(10, 18, 4, 10, sizes, max_bytes=100)) == [
+        (10, 12), (12, 13), (13, 14), (14, 16), (16, 17), (17, 18)]  # 40+40+30 > 100 ends it; 250 alone
+    assert spans(plan_ranges(10, 18, 2, 10, sizes, max_bytes=1000)) == [(10, 12), (12, 14), (14, 16), (16, 18)]
+    assert spans(plan_ranges(10, 18, 4, 2, sizes, max_bytes=100)) == [(10, 12), (12, 13)]  # k still caps
+
+
+def test_plan_ranges_bounded_in_bytes_random_invariants():
+    rnd = random.Random(5)
+    for _ in range(300):
+        n = rnd.randint(0, 30)
+        sizes = [rnd.randint(0, 50) for _ in range(n)]
+        bound, size, k = rnd.randint(1, 120), rnd.randint(1, 8), rnd.randint(1, 40)
+        ranges = plan_ranges(3, 3 + n, size, k, sizes, max_bytes=bound)
+        check_contiguous([(i, r.start, r.end) for i, r in enumerate(ranges)], first_offset=3)
+        assert len(ranges) <= k
+        for r in ranges:
+            held = sizes[r.start - 3:r.end - 3]
+            assert 1 <= len(held) <= size
+            assert sum(held) <= bound or len(held) == 1, (sizes, bound, spans(ranges))
+            if r.end < 3 + n and len(held) < size and r is not ranges[-1]:
+                assert sum(held) + sizes[r.end - 3] > bound, "an epoch ended early without reaching the bound"
+        if len(ranges) < k:
+            assert (ranges[-1].end if ranges else 3) == 3 + n, "backlog left although k allowed more"
+
+
+def test_plan_ranges_bounded_in_bytes_needs_every_size():
+    with pytest.raises(ProtocolError, match="needs a size for each"):
+        plan_ranges(0, 3, 2, 2, [1, 2], max_bytes=10)
+    with pytest.raises(ProtocolError):
+        plan_ranges(0, 3, 2, 2, None, max_bytes=10)

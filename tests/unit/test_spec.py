@@ -305,3 +305,16 @@ def test_pipelines_writing_the_same_table_are_refused_and_the_others_load(tmp_pa
     write(tmp_path, "copy", VALID.replace("/data/tables/demo/out", "/data/tables/copy/out"))
     specs, errors = load_pipeline_specs(tmp_path)
     assert set(specs) == {"stock", "copy"} and len(errors) == 1
+
+
+@pytest.mark.parametrize("given, expected", [(1000, 1000), ("512MiB", 512 * 2**20), ("2GB", 2 * 10**9),
+                                              ("1.5 KiB", 1536), ("300", 300), (None, None)])
+def test_epoch_max_bytes_accepts_units(tmp_path, given, expected):
+    text = VALID + "control:\n  epoch_max_bytes: " + ("null" if given is None else f"'{given}'" if isinstance(
+        given, str) else str(given)) + "\n"
+    assert load_spec(write(tmp_path, "demo", text)).control.epoch_max_bytes == expected
+
+
+def test_epoch_max_bytes_rejects_a_bad_size(tmp_path):
+    with pytest.raises(SpecError, match=r"control.epoch_max_bytes.*not a size"):
+        load_spec(write(tmp_path, "demo", VALID + "control:\n  epoch_max_bytes: 12 parsecs\n"))

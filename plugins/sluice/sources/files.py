@@ -10,9 +10,10 @@ both ignore until then.
 from __future__ import annotations
 
 import fnmatch
+import logging
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from sluice.errors import SourceError
@@ -27,6 +28,8 @@ if TYPE_CHECKING:
     from sluice.sinks.delta import EpochRange
 
 
+log = logging.getLogger(__name__)
+
 #: What an operator can do about a file that is gone, unreadable or changed.
 SKIP_HINT = ("Put the file back as it was, or skip it on purpose (recorded): trigger the sluice_skip_file DAG, "
              "or `make skip-file PIPELINE=<name> FILE=<path> REASON=<why>`")
@@ -40,10 +43,11 @@ class Backlog:
     bytes: int
     oldest_age_s: float | None
     next_offset: int
+    refused: tuple[str, ...] = field(default=())  # why landed entries are not read (see list_folder)
 
-    def as_dict(self) -> dict[str, float | int | None]:
+    def as_dict(self) -> dict[str, float | int | None | list[str]]:
         return {"files": self.files, "bytes": self.bytes, "oldest_age_s": self.oldest_age_s,
-                "next_offset": self.next_offset}
+                "next_offset": self.next_offset, "refused": list(self.refused)}
 
 
 class FileSource:
@@ -51,26 +55,44 @@ class FileSource:
         self.spec = spec
         self.log = log
         self.folder = spec.landing_dir
+        self.refused: list[str] = []  # of the last listing: symbolic links leading out of the folder
 
     # -- discovery ---------------------------------------------------------------------------
 
     def list_folder(self) -> list[tuple[str, int, float]]:
-        """``(path, size, mtime)`` of landed files, ordered by mtime then path."""
+        """``(path, size, mtime)`` of landed files, ordered by mtime then path.
+
+        A symbolic link is followed only within the landing folder: one that leads out of it
+        (``/etc/passwd``, another team's folder) is refused, logged and listed in
+        ``refused`` (and in the backlog the API shows) until an operator removes it or copies
+        the file in; the other files go on."""
         if not self.folder.is_dir():
             raise SourceError(
                 f"pipeline {self.spec.name!r}: landing folder {self.folder} does not exist "
                 f"(source.path in {self.spec.path})"
             )
-        found = []
+        root = os.path.realpath(self.folder)
+        found, refused = [], []
         with os.scandir(self.folder) as entries:
             for entry in entries:
                 if entry.name.startswith((".", "_")) or not entry.is_file():
                     continue
                 if not fnmatch.fnmatch(entry.name, self.spec.source.pattern):
                     continue
+                if entry.is_symlink():
+                    target = os.path.realpath(entry.path)
+                    if os.path.commonpath([root, target]) != root:
+                        refused.append(f"{os.path.abspath(entry.path)} is a symbolic link to {target}, outside "
+                                       f"the landing folder {root}: not read (remove it, or copy the file in)")
+                        continue
                 st = entry.stat()
                 found.append((os.path.abspath(entry.path), st.st_size, st.st_mtime))
         found.sort(key=lambda f: (f[2], f[0]))
+        refused.sort()
+        if refused != self.refused:  # once per change, not at every poll
+            for reason in refused:
+                log.warning("pipeline %s: %s", self.spec.name, reason)
+        self.refused = refused
         return found
 
     def discover(self) -> int:
@@ -90,7 +112,8 @@ class FileSource:
         sizes = [e.size for e in pending] + [f[1] for f in new]
         mtimes = [e.mtime for e in pending] + [f[2] for f in new]
         oldest = time.time() - min(mtimes) if mtimes else None
-        return Backlog(files=len(sizes), bytes=sum(sizes), oldest_age_s=oldest, next_offset=next_offset)
+        return Backlog(files=len(sizes), bytes=sum(sizes), oldest_age_s=oldest, next_offset=next_offset,
+                       refused=tuple(self.refused))
 
     # -- ranges ------------------------------------------------------------------------------
 

@@ -511,7 +511,8 @@ class EpochLog:
 
     def plan_group(self, lease: Lease, *, epoch_size: int, k: int, plan: dict[str, Any] | None = None,
                    only_leftovers: bool = False, through_epoch: int | None = None,
-                   until_offset: int | None = None, fresh_attempts: bool = False) -> Group | None:
+                   until_offset: int | None = None, fresh_attempts: bool = False,
+                   max_bytes: int | None = None) -> Group | None:
         """Reconcile, then plan (write-ahead) the next group of this pipeline.
 
         Epochs a dead run left ``planned`` or ``failed`` form the group first, with their
@@ -520,7 +521,8 @@ class EpochLog:
         ``None`` when there is nothing to do. ``only_leftovers`` plans nothing new (recovery);
         ``through_epoch`` takes leftovers only up to that epoch (a backfill run's share);
         ``until_offset`` plans new epochs only below that offset (a backfill run's data);
-        ``fresh_attempts`` resets the leftovers' attempt counts (an operator's recovery).
+        ``fresh_attempts`` resets the leftovers' attempt counts (an operator's recovery);
+        ``max_bytes`` bounds each new epoch in bytes too (files skipped on purpose count 0).
         """
         now = utcnow()
         with self._tx() as s:
@@ -557,8 +559,14 @@ class EpochLog:
                 return None
             start = self._next_offset(s, lease.pipeline, gen)
             end = self._manifest_end(s, lease.pipeline)
-            ranges = protocol.plan_ranges(start, end if until_offset is None else min(end, until_offset),
-                                          epoch_size, k)
+            end = end if until_offset is None else min(end, until_offset)
+            sizes = None
+            if max_bytes is not None:
+                sizes = [0 if skipped is not None else size for size, skipped in s.execute(
+                    select(SourceFileRow.size, SourceFileRow.skipped_at).where(
+                        SourceFileRow.pipeline == lease.pipeline, SourceFileRow.position >= start,
+                        SourceFileRow.position < end).order_by(SourceFileRow.position))]
+            ranges = protocol.plan_ranges(start, end, epoch_size, k, sizes, max_bytes)
             if not ranges:
                 return None
             next_id = (max((r.epoch_id for r in rows), default=-1)) + 1
