@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import os
 import sys
 from pathlib import Path
@@ -24,6 +23,7 @@ if str(ROOT / "plugins") not in sys.path:
 
 from sluice import execution  # noqa: E402
 from sluice.errors import SluiceError  # noqa: E402
+from sluice.logs import configure_job  # noqa: E402
 from sluice.spark import get_session  # noqa: E402
 from sluice.spec import get_spec  # noqa: E402
 from sluice.store import EpochLog  # noqa: E402
@@ -33,8 +33,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="rebuild_store", description=__doc__.splitlines()[0])
     parser.add_argument("--pipeline", required=True)
     parser.add_argument("--store-url", help="epoch store URL (default: $SLUICE_STORE_URL, else the usual lookup)")
+    parser.add_argument("--verbose", action="store_true", help="log libraries' INFO lines too (Great Expectations, "
+                                                                "py4j; also SLUICE_LOG_LEVEL=DEBUG)")
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    configure_job(args.verbose)
     spec = get_spec(args.pipeline)
     epoch_log = EpochLog(args.store_url or os.environ.get("SLUICE_STORE_URL"))
     spark = get_session(f"sluice-rebuild-{spec.name}", extra_conf=spec.spark.conf)

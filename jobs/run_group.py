@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import os
 import sys
 from pathlib import Path
@@ -24,6 +23,7 @@ if str(ROOT / "plugins") not in sys.path:  # spark-submit puts only this folder 
 
 from sluice import execution  # noqa: E402
 from sluice.errors import SluiceError  # noqa: E402
+from sluice.logs import configure_job  # noqa: E402
 from sluice.spark import get_session  # noqa: E402
 from sluice.spec import get_spec  # noqa: E402
 from sluice.store import EpochLog  # noqa: E402
@@ -45,11 +45,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--plan-extra", type=json.loads, default=None,
                         help="with --plan: JSON recorded in the group's plan (the controllers' decision)")
     parser.add_argument("--store-url", help="epoch store URL (default $SLUICE_STORE_URL)")
+    parser.add_argument("--verbose", action="store_true", help="log libraries' INFO lines too (Great Expectations, "
+                                                                "py4j; also SLUICE_LOG_LEVEL=DEBUG)")
     args = parser.parse_args(argv)
     if (args.group is None) == (not args.plan):
         parser.error("give exactly one of --group or --plan")
     group_id = None if args.group in (None, "None", "") else int(args.group)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    configure_job(args.verbose)
     spec = get_spec(args.pipeline)
     epoch_log = EpochLog(args.store_url or os.environ.get("SLUICE_STORE_URL"))
     def spark() -> SparkSession:

@@ -96,6 +96,9 @@ def _batch_definition() -> Any:
     import great_expectations as gx
     from great_expectations.data_context.types.base import ProgressBarsConfig
 
+    from sluice.logs import quiet_libraries
+
+    quiet_libraries()  # its modules, now imported, set some of their loggers to INFO
     context = gx.get_context(mode="ephemeral")
     context.variables.progress_bars = ProgressBarsConfig(globally=False, metric_calculations=False)
     asset = context.data_sources.add_spark(name="sluice").add_dataframe_asset(name="epoch_output")

@@ -20,6 +20,7 @@ from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 from sluice import execution
 from sluice.errors import OperatorActionRequired, PipelineBusyError, SluiceError
 from sluice.execution import GroupPlan, SensedPlan
+from sluice.logs import quiet_libraries
 from sluice.protocol import LeaseOwner
 from sluice.spec import PipelineSpec, SinkSpec, get_spec
 from sluice.store import EpochLog, store_url
@@ -137,6 +138,7 @@ class _SluiceOperator(BaseOperator):
     fail_fast: tuple[type[Exception], ...] = (OperatorActionRequired,)
 
     def execute(self, context: Any) -> Any:
+        quiet_libraries()  # the task log shows sluice's lines, not Great Expectations' import chatter
         try:
             return self.act(context)
         except self.fail_fast as exc:
