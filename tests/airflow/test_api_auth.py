@@ -9,9 +9,12 @@ import json
 import secrets
 import subprocess
 from collections.abc import Iterator
+from urllib.parse import quote
 
 import httpx
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from sluice.store import EpochLog
 from tests.airflow import standalone
@@ -96,3 +99,27 @@ def test_every_route_needs_a_user_with_read_access_to_the_pipeline_dag(api):
     # The Airflow UI keeps the user's token in its session cookie; a page of the plugin sends it.
     with httpx.Client(base_url=server.url, timeout=30.0, cookies={"_token": tokens["viewer"]}) as browser:
         assert browser.get(f"/sluice/pipelines/{spec.name}/epochs").status_code == 200
+
+
+def test_no_request_built_from_the_openapi_schema_gets_a_500(api):
+    """Every GET route of the plugin's OpenAPI schema, with arbitrary path parameters (any
+    text: slashes, dots, percent signs, control characters, very long), with and without a
+    token: an answer, never a server error."""
+    from sluice.api.app import app
+
+    server, tokens = api
+    routes = [path for path, item in app.openapi()["paths"].items() if "get" in item]
+    assert len(routes) >= 3, routes
+
+    @settings(max_examples=120, deadline=None, suppress_health_check=list(HealthCheck))
+    @given(route=st.sampled_from(routes), value=st.text(max_size=300), user=st.sampled_from([None, "viewer", "nobody"]))
+    def answers(route: str, value: str, user: str | None) -> None:
+        path = "/sluice" + route.replace("{dag_id}", quote(value, safe=""))
+        headers = {"Authorization": f"Bearer {tokens[user]}"} if user else {}
+        with httpx.Client(base_url=server.url, timeout=30.0) as client:
+            response = client.get(path, headers=headers)
+        assert response.status_code < 500, (path, user, response.status_code, response.text[:500])
+        if user is None and "{dag_id}" in route and value.isidentifier():  # a name a pipeline could have
+            assert response.status_code == 401, (path, response.status_code)
+
+    answers()
