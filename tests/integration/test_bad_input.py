@@ -145,3 +145,33 @@ def test_epochs_bounded_in_bytes_hold_files_up_to_the_bound_and_equal_the_oracle
         assert_matches_oracle(spark, spec, log)
     finally:
         log.close()
+
+
+def test_a_file_landed_again_under_its_name_with_new_content_is_processed(spark, tmp_path):
+    """A daily export overwrites yesterday's file under the same name: the new content is new
+    data (never skipped as "seen"), the old rows stay, and the table equals the oracle over both
+    contents; the new content's bad lines are rejected under its kept copy."""
+    from include.generators.ysb import expected_window_counts
+    from tests.pipelines import landed, table_counts
+
+    spec = make_pipeline("relanded", **{"control.epoch_files": 2, "control.group_epochs": 2,
+                                        "spark.mode": "in_process"})
+    land(spec, files=3, seed=41, malformed_fraction=0.05)
+    log = EpochLog()
+    try:
+        execution.run_once(spec, log, spark, drain=True)
+        first = expected_window_counts(landed(spec))
+        assert table_counts(spark, spec) == first
+        victim = landed(spec)[1]
+        fresh = land(make_pipeline("relanded_src"), files=1, seed=42, malformed_fraction=0.1)[0]
+        shutil.copyfile(fresh, tmp_path / "new.json")
+        os.replace(tmp_path / "new.json", victim)  # atomically, as a writer should
+        os.utime(victim, (victim.stat().st_mtime + 60, victim.stat().st_mtime + 60))
+        execution.run_once(spec, log, spark, drain=True)
+        assert table_counts(spark, spec) == first + expected_window_counts([victim])
+        kept = [e.path for e in log.manifest(spec.name) if "/_sluice/relanded/" in e.path]
+        assert len(kept) == 1 and log.manifest(spec.name)[-1].path == kept[0]
+        assert invalid_lines([victim]) and {n for p, n in rejected_lines(spark, spec) if p == kept[0]} == {
+            n for _, n in invalid_lines([victim])}
+    finally:
+        log.close()

@@ -245,3 +245,31 @@ def test_a_symbolic_link_out_of_the_landing_folder_is_refused_and_reported(sourc
     assert backlog.files == 3 and len(backlog.as_dict()["refused"]) == 2
     source.discover()
     assert str(secret) not in {e.path for e in source.log.manifest(source.spec.name)}
+
+
+def test_a_file_landed_again_with_new_content_is_new_data_kept_as_a_copy(source, log, landing, caplog):
+    first = '{"id": "a", "n": 1}\n'
+    land(landing, "daily.json", T0, first)
+    assert source.discover() == 1
+    second = '{"id": "b", "n": 2}\n{"id": "c", "n": 3}\n'
+    land(landing, "daily.json", T0 + 86400, second)  # the same name, new content
+    backlog = source.backlog()  # the first content (registered, not planned yet) and the new one
+    assert (backlog.files, backlog.bytes) == (2, len(first) + len(second)), backlog
+    with caplog.at_level("WARNING", logger="sluice.sources.files"):
+        assert source.discover() == 2
+    entries = log.manifest(NAME)
+    assert entries[0].path == str(landing / "daily.json")
+    kept = Path(entries[1].path)
+    assert kept.parent == landing / "_sluice" / "relanded" and kept.suffix == ".json"
+    assert kept.read_text() == second and (entries[1].size, entries[1].mtime) == (len(second), T0 + 86400)
+    assert "landed again with new content" in caplog.text
+    assert source.discover() == 2 and source.backlog().files == 2, "unchanged now: nothing new"
+    assert names(source.list_folder()) == ["daily.json"], "the kept copies are not listed as landed files"
+    assert source.check_retained(1, 2)[0].path == str(kept), "the copy reads back as it was"
+    with pytest.raises(SourceError, match=r"changed after it was discovered.*Landed again"):
+        source.check_retained(0, 1)  # the first content is gone
+    third = '{"id": "d", "n": 4}\n'
+    land(landing, "daily.json", T0 + 2 * 86400, third)
+    assert source.discover() == 3 and Path(log.manifest(NAME)[2].path).read_text() == third
+    land(landing, "daily.json", T0 + 86400, second)  # an old version back again: seen already
+    assert source.discover() == 3

@@ -12,6 +12,8 @@ from __future__ import annotations
 import fnmatch
 import logging
 import os
+import re
+import shutil
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -29,6 +31,11 @@ if TYPE_CHECKING:
 
 
 log = logging.getLogger(__name__)
+
+#: Where a file landed again under a name already seen, with new content, is kept (in the
+#: landing folder, which listing ignores: ``_`` names), one immutable copy per version.
+RELANDED_DIR = os.path.join("_sluice", "relanded")
+_RELANDED = re.compile(r"^(?P<stem>.*)\.relanded-(?P<mtime_ns>\d+)-(?P<size>\d+)(?P<suffix>\.[^.]*)?$")
 
 #: What an operator can do about a file that is gone, unreadable or changed.
 SKIP_HINT = ("Put the file back as it was, or skip it on purpose (recorded): trigger the sluice_skip_file DAG, "
@@ -56,6 +63,7 @@ class FileSource:
         self.log = log
         self.folder = spec.landing_dir
         self.refused: list[str] = []  # of the last listing: symbolic links leading out of the folder
+        self._seen_paths: set[str] = set()
 
     # -- discovery ---------------------------------------------------------------------------
 
@@ -96,8 +104,58 @@ class FileSource:
         return found
 
     def discover(self) -> int:
-        """Append newly landed files to the manifest; returns the manifest's end offset."""
-        return self.log.register_files(self.spec.name, self.list_folder())
+        """Append newly landed files to the manifest; returns the manifest's end offset.
+
+        A file is known by its path, size and modification time. One landed again under a name
+        already seen, with new content (a daily export overwriting yesterday's), is new data:
+        it is copied, as it is now, to ``_sluice/relanded/`` in the landing folder and that copy
+        is registered, so its epoch can be read again however often the name is reused. (The
+        epoch of the previous content cannot be recomputed: that content is gone.)"""
+        files = []
+        for path, size, mtime in self._unseen(self.list_folder()):
+            if path in self._seen_paths:
+                path, size, mtime = self._keep_copy(path)
+                log.warning("pipeline %s: %s landed again with new content; kept as %s (new data)",
+                            self.spec.name, self._original(path), path)
+            files.append((path, size, mtime))
+        return self.log.register_files(self.spec.name, files)
+
+    def _unseen(self, listing: list[tuple[str, int, float]]) -> list[tuple[str, int, float]]:
+        """Landed files not in the manifest as they are now (a new path, or new content under a
+        path seen before: a different size or modification time)."""
+        known = self.log.known_files(self.spec.name)
+        seen = {(self._original(p), size, mtime) for p, size, mtime in known}
+        self._seen_paths = {self._original(p) for p, _, _ in known}
+        return [f for f in listing if f not in seen]
+
+    def _original(self, path: str) -> str:
+        """The landed path a manifest entry stands for (a kept copy's original name)."""
+        folder, name = os.path.split(path)
+        match = _RELANDED.match(name)
+        if match is None or folder != os.path.join(os.path.abspath(self.folder), RELANDED_DIR):
+            return path
+        return os.path.join(os.path.abspath(self.folder), match["stem"] + (match["suffix"] or ""))
+
+    def _keep_copy(self, path: str) -> tuple[str, int, float]:
+        """Copy the file as it is now (one open: a rename that replaces it meanwhile cannot mix
+        two versions) under a name that holds its modification time and size."""
+        folder = os.path.join(os.path.abspath(self.folder), RELANDED_DIR)
+        try:
+            os.makedirs(folder, exist_ok=True)
+            with open(path, "rb") as src:
+                st = os.fstat(src.fileno())
+                stem, suffix = os.path.splitext(os.path.basename(path))
+                copy = os.path.join(folder, f"{stem}.relanded-{st.st_mtime_ns}-{st.st_size}{suffix}")
+                tmp = os.path.join(folder, f".{os.path.basename(copy)}.tmp")
+                with open(tmp, "wb") as dst:
+                    shutil.copyfileobj(src, dst)
+                os.utime(tmp, ns=(st.st_atime_ns, st.st_mtime_ns))
+                os.replace(tmp, copy)
+        except OSError as exc:
+            raise SourceError(f"pipeline {self.spec.name!r}: {path} landed again with new content, and its copy "
+                              f"could not be kept in {folder}: {exc.strerror or exc}") from None
+        kept = os.stat(copy)
+        return copy, kept.st_size, kept.st_mtime
 
     def backlog(self, listing: list[tuple[str, int, float]] | None = None) -> Backlog:
         """Unplanned data: manifest entries past the next offset plus files not yet registered
@@ -107,8 +165,7 @@ class FileSource:
         """
         next_offset = self.log.next_offset(self.spec.name)
         pending = self.log.manifest(self.spec.name, start=next_offset)
-        known = self.log.known_paths(self.spec.name)
-        new = [f for f in (self.list_folder() if listing is None else listing) if f[0] not in known]
+        new = self._unseen(self.list_folder() if listing is None else listing)
         sizes = [e.size for e in pending] + [f[1] for f in new]
         mtimes = [e.mtime for e in pending] + [f[2] for f in new]
         oldest = time.time() - min(mtimes) if mtimes else None
@@ -143,8 +200,9 @@ class FileSource:
             if st.st_size != entry.size or st.st_mtime != entry.mtime:
                 raise SourceError(f"pipeline {self.spec.name!r}: file {entry.path} (offset {entry.position}) "
                                   f"changed after it was discovered (size {entry.size} -> {st.st_size} "
-                                  "bytes, or its modification time); landed files must be immutable. "
-                                  f"{SKIP_HINT}")
+                                  "bytes, or its modification time); landed files must be immutable. Landed again "
+                                  "with new content on purpose? The new content is read as new data (kept under "
+                                  f"{RELANDED_DIR}); this range's old content is gone. {SKIP_HINT}")
         return entries
 
     def read(self, spark: SparkSession, start: int, end: int) -> DataFrame:

@@ -397,6 +397,13 @@ class EpochLog:
         with self._tx() as s:
             return set(s.scalars(select(SourceFileRow.path).where(SourceFileRow.pipeline == pipeline)))
 
+    def known_files(self, pipeline: str) -> set[tuple[str, int, float]]:
+        """``(path, size, mtime)`` of every file in the manifest: what a file source has seen."""
+        with self._tx() as s:
+            return {(p, size, mtime) for p, size, mtime in s.execute(
+                select(SourceFileRow.path, SourceFileRow.size, SourceFileRow.mtime)
+                .where(SourceFileRow.pipeline == pipeline))}
+
     def register_files(self, pipeline: str, files: Sequence[tuple[str, int, float]]) -> int:
         """Append newly discovered ``(path, size, mtime)`` files, in the given order, to the
         manifest; paths already registered keep their position. Returns the manifest's end."""
