@@ -64,9 +64,10 @@ def test_every_route_needs_a_user_with_read_access_to_the_pipeline_dag(api):
     server, tokens = api
     spec = make_pipeline("auth_probe")
     log = EpochLog()
-    (spec.landing_dir / "a.json").write_text("{}\n")
+    landed = spec.landing_dir / "a.json"
+    landed.write_text("{}\n")
     lease = log.acquire_lease(spec.name, "t")
-    log.register_files(spec.name, [(str(spec.landing_dir / "a.json"), 3, 1.0)])
+    log.register_files(spec.name, [(str(landed), landed.stat().st_size, landed.stat().st_mtime)])
     log.plan_group(lease, epoch_size=1, k=1)
     (spec.landing_dir / "b.json").write_text("{}\n")
     log.close()
