@@ -402,28 +402,10 @@ class TableRestore:
     latest: int | None
 
 
-def _sluice_commits_after(spark: SparkSession, path: str, version: int, pipeline: str) -> list[int]:
-    from pyspark.sql import functions as F
-
-    from sluice.sinks.delta import history
-
-    rows = (history(spark, path).where(F.col("version") > version)
-            .select("version", "userMetadata").collect())
-    found = []
-    for row in rows:
-        try:
-            meta = json.loads(row["userMetadata"]) if row["userMetadata"] else None
-        except ValueError:
-            meta = None
-        if isinstance(meta, dict) and meta.get("pipeline") == pipeline:
-            found.append(int(row["version"]))
-    return sorted(found)
-
-
 def plan_restores(spec: PipelineSpec, spark: SparkSession, plan: RollbackPlan) -> list[TableRestore]:
     """Per table, the version to RESTORE to: the last one an epoch before ``to_epoch`` wrote
     (version 0, the empty table, if none did), when any epoch wrote after it."""
-    from sluice.sinks.delta import history, is_delta_table
+    from sluice.sinks.delta import commit_lineage, history, is_delta_table
 
     restores = []
     for path, keys in spec.table_writers().items():
@@ -432,7 +414,11 @@ def plan_restores(spec: PipelineSpec, spark: SparkSession, plan: RollbackPlan) -
         latest = int(history(spark, path, 1).first()["version"])
         kept = [e.delta_versions.get(k) for e in plan.kept for k in keys]
         target = max((v for v in kept if v is not None), default=0)
-        needed = bool(_sluice_commits_after(spark, path, target, spec.name))
+        needed = False  # did this pipeline commit to the table after the target?
+        for commit in commit_lineage(spark, path):  # newest first
+            if commit.version <= target or commit.pipeline == spec.name:
+                needed = commit.version > target
+                break
         restores.append(TableRestore(path, tuple(keys), target if needed else None, latest))
     return restores
 
@@ -703,7 +689,7 @@ def skip_file(spec: PipelineSpec, epoch_log: EpochLog, path: str, *, by: str, re
     Failed epochs holding it get fresh attempts, so the next run (or ``sluice_recover``) runs
     them without it."""
     candidates = [str(Path(path).absolute()), str((spec.landing_dir / path).absolute())]
-    known = epoch_log.known_paths(spec.name)
+    known = {p for p, _, _ in epoch_log.known_files(spec.name)}
     match = next((c for c in candidates if c in known), candidates[0])
     entry, epochs = epoch_log.skip_file(spec.name, match, by=by, reason=reason)
     log.warning("pipeline %s: file %s (offset %s) skipped by %s: %s; epochs %s read without it", spec.name,

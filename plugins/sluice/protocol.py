@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 import socket
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 from sluice.errors import ProtocolError
@@ -206,21 +206,29 @@ class TableCommit:
     pipeline: str | None = None  # the sluice pipeline that wrote it (None: not sluice)
 
 
-def foreign_commits(commits: Iterable[TableCommit], pipeline: str, after: int) -> dict[str, list[int]]:
-    """The commits of *other* sluice pipelines that a RESTORE of the table to version ``after``
-    would undo: those above ``after`` in the table's current lineage (what an earlier RESTORE
-    undid is no longer in the table), by pipeline. ``commits`` come newest first. A table two
-    pipelines write must never be restored by one of them: the other's rows would go too."""
-    found: dict[str, list[int]] = {}
+def current_lineage(commits: Iterable[TableCommit]) -> Iterator[TableCommit]:
+    """The commits still in the table, newest first, from all its commits newest first: a
+    RESTORE's lineage continues at the version it restored (what it undid is no longer in the
+    table, and the RESTORE itself adds nothing). Lazy: a walk that stops early reads little."""
     restored_to: int | None = None
     for commit in commits:
-        if commit.version <= after:
-            break
         if restored_to is not None and commit.version > restored_to:
             continue  # undone by a RESTORE
         if commit.operation == "RESTORE" and commit.restored_to is not None:
             restored_to = commit.restored_to
             continue
+        yield commit
+
+
+def foreign_commits(commits: Iterable[TableCommit], pipeline: str, after: int) -> dict[str, list[int]]:
+    """The commits of *other* sluice pipelines that a RESTORE of the table to version ``after``
+    would undo: those above ``after`` in the table's current lineage, by pipeline. ``commits``
+    come newest first. A table two pipelines write must never be restored by one of them: the
+    other's rows would go too."""
+    found: dict[str, list[int]] = {}
+    for commit in current_lineage(commits):
+        if commit.version <= after:
+            break
         if commit.pipeline is not None and commit.pipeline != pipeline:
             found.setdefault(commit.pipeline, []).insert(0, commit.version)
     return found
@@ -231,19 +239,12 @@ def first_commit_holding(commits: Iterable[TableCommit], app_id: str, generation
     """The oldest commit, in the table's current lineage, in which ``app_id`` wrote any epoch
     >= ``from_epoch``; ``None`` when the table holds none of them.
 
-    ``commits`` come newest first (read lazily: the walk usually stops after a few). A
-    RESTORE's lineage continues at the version it restored (what it undid is no longer in the
-    table). The walk stops at a commit of an older generation (a generation's commits all come
-    after the rollback that started it) and at one of this app id holding only older epochs.
+    ``commits`` come newest first (read lazily: the walk usually stops after a few). The walk
+    stops at a commit of an older generation (a generation's commits all come after the
+    rollback that started it) and at one of this app id holding only older epochs.
     """
     found = None
-    restored_to: int | None = None
-    for commit in commits:
-        if restored_to is not None and commit.version > restored_to:
-            continue  # undone by a RESTORE
-        if commit.operation == "RESTORE" and commit.restored_to is not None:
-            restored_to = commit.restored_to
-            continue
+    for commit in current_lineage(commits):
         if commit.app_id is not None and commit.generation is not None and commit.generation < generation:
             break
         if commit.app_id == app_id and commit.epochs:

@@ -56,7 +56,7 @@ def test_register_files_assigns_positions_in_order(log):
         (1, "/landing/f0001.json", 101, 1001.0),
         (2, "/landing/f0002.json", 102, 1002.0),
     ]
-    assert log.known_paths(P) == {p for p, _, _ in files(3)}
+    assert log.known_files(P) == set(files(3))
 
 
 def test_register_files_keeps_positions_and_skips_known_paths(log):

@@ -129,7 +129,7 @@ def test_backlog_is_read_only(source, log, landing):
     land(landing, "b.json", T0 + 1)
     assert source.backlog().files == 2
     assert len(log.manifest(NAME)) == 0
-    assert log.known_paths(NAME) == set()
+    assert log.known_files(NAME) == set()
     assert source.backlog().files == 2  # polling again changes nothing either
 
 

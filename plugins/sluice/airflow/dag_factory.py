@@ -138,7 +138,7 @@ def build_rollback_dag(specs: dict[str, PipelineSpec]) -> DAG:
     ) as dag:
         rollback = RollbackOperator(task_id="rollback", pipeline="{{ params.pipeline }}", outlets=[TABLE_CHANGES])
         recompute = ShortCircuitOperator(task_id="recompute", python_callable=_recompute)
-        _group_steps(rollback, recompute, plan_task_id="rollback")
+        _group_steps(rollback, recompute, plan_task_id="rollback", change="recompute")
     return dag
 
 
@@ -148,7 +148,7 @@ def build_recover_dag(specs: dict[str, PipelineSpec]) -> DAG:
                          "Rerun a sluice pipeline's failed or half-done epochs with their recorded ranges",
                          RECOVER_DOC, specs) as dag:
         plan = PlanGroupOperator(task_id="plan_group", pipeline="{{ params.pipeline }}", recover=True)
-        _group_steps(plan, None, plan_task_id="plan_group")
+        _group_steps(plan, None, plan_task_id="plan_group", change="recovery")
     return dag
 
 
@@ -170,12 +170,12 @@ def _recompute(params: dict[str, Any]) -> bool:
     return bool(params["recompute"])
 
 
-def _group_steps(head: Any, gate: Any, plan_task_id: str) -> None:
+def _group_steps(head: Any, gate: Any, plan_task_id: str, change: str) -> None:
     """run_group -> validate -> checkpoint (in-process Spark) after ``head``."""
     run = RunGroupOperator(task_id="run_group", pipeline="{{ params.pipeline }}", plan_task_id=plan_task_id)
     validate = ValidateOperator(task_id="validate", pipeline="{{ params.pipeline }}", plan_task_id=plan_task_id)
     checkpoint = CheckpointOperator(task_id="checkpoint", pipeline="{{ params.pipeline }}",
-                                    plan_task_id=plan_task_id, outlets=[TABLE_CHANGES])
+                                    plan_task_id=plan_task_id, change=change, outlets=[TABLE_CHANGES])
     if gate is not None:
         head >> gate >> run
     else:

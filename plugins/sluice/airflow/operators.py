@@ -172,8 +172,7 @@ class PlanGroupOperator(_SluiceOperator):
         params = context["params"]
         sensed = SensedPlan.from_xcom(context["ti"].xcom_pull(task_ids=self.sensor_task_id))
         dag_id, run_id = context["dag"].dag_id, context["run_id"]
-        url = pipeline_store()
-        log = EpochLog(url)
+        log = EpochLog(pipeline_store())
         dag_run = context["dag_run"]
         interval = None
         if str(getattr(dag_run.run_type, "value", dag_run.run_type)) == "backfill":
@@ -299,8 +298,7 @@ class RollbackOperator(_PipelineOperator):
         params = context["params"]
         spec = get_spec(self.pipeline)
         owner = lease_owner(context["dag"].dag_id, context["run_id"])
-        url = pipeline_store()
-        log = EpochLog(url)
+        log = EpochLog(pipeline_store())
         reused = SparkSession.getActiveSession() is not None
         spark = None
         try:
@@ -376,9 +374,16 @@ class ValidateOperator(_PlannedGroupOperator):
 
 class CheckpointOperator(_PlannedGroupOperator):
     """Publish the group (its epochs become ``published``, JSON records are written next to
-    each table) and release the lease. Returns the group and the remaining backlog."""
+    each table) and release the lease. Returns the group and the remaining backlog.
+
+    ``change``: what the Asset events say the group's rows are (``publish``; ``recompute``
+    after a rollback, ``recovery`` in ``sluice_recover``); a backfill's redo is a recompute."""
 
     ui_color = "#d9d2f4"
+
+    def __init__(self, *, change: str = "publish", **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.change = change
 
     def act(self, context: Any) -> dict[str, Any]:
         spec, planned, owner, url = self.planned(context)
@@ -391,11 +396,8 @@ class CheckpointOperator(_PlannedGroupOperator):
             self.log.info("Published group %s of %s:\n%s", group["group_id"], spec.name,
                           _epoch_table(group["epochs"]))
         self.log.info("Backlog left: %s", json.dumps(result["backlog"]))
-        # A recovery, a recompute after a rollback or a backfill's redo publishes recomputed rows.
-        change = ("recompute" if planned.rollback or context["dag"].dag_id == "sluice_rollback"
-                  else "recovery" if context["dag"].dag_id == "sluice_recover" else "publish")
         emit_table_changes(self, context, spec, {
-            sink.name: dict(result["published"][sink.name], change=change,
+            sink.name: dict(result["published"][sink.name], change="recompute" if planned.rollback else self.change,
                             rollback=vars(planned.rollback) if planned.rollback else None)
             for sink in spec.sinks if result["published"][sink.name]["epochs"]})
         return result

@@ -63,7 +63,6 @@ class FileSource:
         self.log = log
         self.folder = spec.landing_dir
         self.refused: list[str] = []  # of the last listing: symbolic links leading out of the folder
-        self._seen_paths: set[str] = set()
 
     # -- discovery ---------------------------------------------------------------------------
 
@@ -112,34 +111,37 @@ class FileSource:
         is registered, so its epoch can be read again however often the name is reused. (The
         epoch of the previous content cannot be recomputed: that content is gone.)"""
         files = []
-        for path, size, mtime in self._unseen(self.list_folder()):
-            if path in self._seen_paths:
+        unseen, seen_paths = self._unseen(self.list_folder())
+        for path, size, mtime in unseen:
+            if path in seen_paths:
                 path, size, mtime = self._keep_copy(path)
                 log.warning("pipeline %s: %s landed again with new content; kept as %s (new data)",
                             self.spec.name, self._original(path), path)
             files.append((path, size, mtime))
         return self.log.register_files(self.spec.name, files)
 
-    def _unseen(self, listing: list[tuple[str, int, float]]) -> list[tuple[str, int, float]]:
+    def _unseen(self, listing: list[tuple[str, int, float]]) -> tuple[list[tuple[str, int, float]], set[str]]:
         """Landed files not in the manifest as they are now (a new path, or new content under a
-        path seen before: a different size or modification time)."""
-        known = self.log.known_files(self.spec.name)
-        seen = {(self._original(p), size, mtime) for p, size, mtime in known}
-        self._seen_paths = {self._original(p) for p, _, _ in known}
-        return [f for f in listing if f not in seen]
+        path seen before: a different size or modification time), and the paths seen before."""
+        seen = {(self._original(p), size, mtime) for p, size, mtime in self.log.known_files(self.spec.name)}
+        return [f for f in listing if f not in seen], {p for p, _, _ in seen}
+
+    @property
+    def _relanded_dir(self) -> str:
+        return os.path.join(os.path.abspath(self.folder), RELANDED_DIR)
 
     def _original(self, path: str) -> str:
         """The landed path a manifest entry stands for (a kept copy's original name)."""
         folder, name = os.path.split(path)
         match = _RELANDED.match(name)
-        if match is None or folder != os.path.join(os.path.abspath(self.folder), RELANDED_DIR):
+        if match is None or folder != self._relanded_dir:
             return path
         return os.path.join(os.path.abspath(self.folder), match["stem"] + (match["suffix"] or ""))
 
     def _keep_copy(self, path: str) -> tuple[str, int, float]:
         """Copy the file as it is now (one open: a rename that replaces it meanwhile cannot mix
         two versions) under a name that holds its modification time and size."""
-        folder = os.path.join(os.path.abspath(self.folder), RELANDED_DIR)
+        folder = self._relanded_dir
         try:
             os.makedirs(folder, exist_ok=True)
             with open(path, "rb") as src:
@@ -165,7 +167,7 @@ class FileSource:
         """
         next_offset = self.log.next_offset(self.spec.name)
         pending = self.log.manifest(self.spec.name, start=next_offset)
-        new = self._unseen(self.list_folder() if listing is None else listing)
+        new, _ = self._unseen(self.list_folder() if listing is None else listing)
         sizes = [e.size for e in pending] + [f[1] for f in new]
         mtimes = [e.mtime for e in pending] + [f[2] for f in new]
         oldest = time.time() - min(mtimes) if mtimes else None

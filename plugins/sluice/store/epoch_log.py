@@ -393,10 +393,6 @@ class EpochLog:
         last = session.scalar(select(func.max(SourceFileRow.position)).where(SourceFileRow.pipeline == pipeline))
         return 0 if last is None else last + 1
 
-    def known_paths(self, pipeline: str) -> set[str]:
-        with self._tx() as s:
-            return set(s.scalars(select(SourceFileRow.path).where(SourceFileRow.pipeline == pipeline)))
-
     def known_files(self, pipeline: str) -> set[tuple[str, int, float]]:
         """``(path, size, mtime)`` of every file in the manifest: what a file source has seen."""
         with self._tx() as s:
