@@ -4,7 +4,9 @@ PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := $(CURDIR)/.venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
-JARS := var/jars/delta-spark_4.2_2.13-4.4.0.jar var/jars/delta-storage-4.4.0.jar
+JARS := var/jars/delta-spark_4.2_2.13-4.4.0.jar var/jars/delta-storage-4.4.0.jar \
+	var/jars/spark-sql-kafka-0-10_2.13-4.2.0.jar var/jars/spark-token-provider-kafka-0-10_2.13-4.2.0.jar \
+	var/jars/kafka-clients-3.9.2.jar var/jars/commons-pool2-2.13.1.jar
 
 # The embedded defaults: Airflow and the epoch store on SQLite under var/, Spark local[*].
 export AIRFLOW_HOME ?= $(CURDIR)/var/airflow
@@ -26,12 +28,13 @@ export PYSPARK_PYTHON := $(PY)
 export PATH := $(VENV)/bin:$(PATH)
 export PYTHONPATH := $(CURDIR)/plugins:$(CURDIR)
 
-.PHONY: help setup venv jars demo test lint airflow generate store-rebuild bench-control bench-control-e2e \
+.PHONY: help setup venv jars demo test test-full system-packages lint airflow generate store-rebuild bench-control bench-control-e2e \
 	bench bench-quick bench-sched compose-env clean backfill rollback recover skip-file cli
 
 help:
 	@echo "make demo      set up, generate YSB data, run the ysb DAG through Airflow, print results"
-	@echo "make test      set up, then lint and run the whole test suite"
+	@echo "make test      set up, then lint and run the test suite (SQLite; the everyday loop)"
+	@echo "make test-full the same plus the runs on a real Postgres server (installs it; what CI runs)"
 	@echo "make airflow   start Airflow (standalone) on http://127.0.0.1:8080 with sluice's DAGs (HOST=, PORT=)"
 	@echo "make backfill DAG=<dag> FROM=<date> TO=<date>  an Airflow backfill, one run at a time"
 	@echo "make rollback PIPELINE=<name> TO_EPOCH=<n> REASON=<why> [RECOMPUTE=false]  trigger sluice_rollback"
@@ -59,15 +62,24 @@ $(STAMP): requirements.txt
 
 jars: $(JARS)
 $(JARS): | $(STAMP)
-	@echo "==> fetching the Delta jars once into var/jars (Maven Central, via Spark's Ivy)"
+	@echo "==> fetching the Delta and Kafka-connector jars once into var/jars (Maven Central, via Spark's Ivy)"
 	@$(PY) -m sluice.spark
 
 demo: setup
 	@$(PY) include/demo.py
 
+# The everyday loop: everything but the runs on a real Postgres server (< 30 min on 2 cores).
 test: setup lint
-	@echo "==> running the test suite"
+	@echo "==> running the test suite (without the Postgres runs: make test-full)"
+	@$(PY) -m pytest tests -m "not postgres"
+
+# What CI runs: every test, the epoch store and Airflow on a real Postgres server too.
+test-full: setup system-packages lint
+	@echo "==> running the whole test suite"
 	@$(PY) -m pytest tests
+
+system-packages:
+	@bash include/system-packages.sh
 
 lint: venv
 	@$(VENV)/bin/ruff check .

@@ -52,5 +52,37 @@ def spark():
     session.stop()
 
 
+@pytest.fixture(scope="session")
+def postgres():
+    """A real PostgreSQL server on 127.0.0.1 for the test run (started on first use)."""
+    from tests.postgres import PostgresServer
+
+    server = PostgresServer.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def db_url(request, tmp_path: Path) -> str:
+    """A new, empty epoch store: a SQLite file, then a database on the real Postgres server."""
+    if request.param == "postgres":
+        return request.getfixturevalue("postgres").database()
+    return f"sqlite:///{tmp_path}/s.db"
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def store_backend(request, monkeypatch) -> str:
+    """Run the test once on the SQLite epoch store and once on Postgres. The Postgres run gets
+    its own data folder, so the same pipeline names make new tables and landing folders; jobs
+    the test starts inherit both settings."""
+    if request.param == "postgres":
+        server = request.getfixturevalue("postgres")
+        monkeypatch.setenv("SLUICE_STORE_URL", server.url())
+        data = TMP_ROOT / "var-postgres"
+        data.mkdir(exist_ok=True)
+        monkeypatch.setenv("SLUICE_DATA_DIR", str(data))
+    return request.param
+
+
 def pytest_sessionfinish(session, exitstatus):
     shutil.rmtree(_tmp, ignore_errors=True)

@@ -1,6 +1,7 @@
-"""SparkSession construction with Delta Lake, and the one-time fetch of the Delta jars.
+"""SparkSession construction with Delta Lake, and the one-time fetch of the jars (Delta, and
+Spark's Kafka connector).
 
-The Delta jars are resolved once from Maven Central (through Spark's own Ivy resolver, so no
+The jars are resolved once from Maven Central (through Spark's own Ivy resolver, so no
 host name is configured here) into ``$SLUICE_JARS_DIR`` (default ``var/jars``). Every later
 session puts those files on ``spark.jars``: no network is needed at run time.
 
@@ -34,11 +35,21 @@ REMOTE_ENV = "SLUICE_SPARK_REMOTE"  # sc://host:port of a warm Spark Connect ser
 CONNECT_SERVER_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
 
 DELTA_VERSION = "4.4.0"  # Python package and jars must match; 4.4.1 jars are not on Maven Central
-DELTA_PACKAGES = (
+KAFKA_CONNECTOR_VERSION = "4.2.0"  # the Spark release's own Kafka connector
+#: Maven coordinates of the jars every session gets, and the file names they are kept under:
+#: Delta Lake, and Spark's Kafka connector with the three jars it needs beyond Spark's own
+#: (a Kafka source reads a topic range as a batch through it).
+JAR_PACKAGES = (
     f"io.delta:delta-spark_4.2_2.13:{DELTA_VERSION}",
     f"io.delta:delta-storage:{DELTA_VERSION}",
+    f"org.apache.spark:spark-sql-kafka-0-10_2.13:{KAFKA_CONNECTOR_VERSION}",
 )
-DELTA_JAR_NAMES = (f"delta-spark_4.2_2.13-{DELTA_VERSION}.jar", f"delta-storage-{DELTA_VERSION}.jar")
+JAR_NAMES = (
+    f"delta-spark_4.2_2.13-{DELTA_VERSION}.jar", f"delta-storage-{DELTA_VERSION}.jar",
+    f"spark-sql-kafka-0-10_2.13-{KAFKA_CONNECTOR_VERSION}.jar",
+    f"spark-token-provider-kafka-0-10_2.13-{KAFKA_CONNECTOR_VERSION}.jar",
+    "kafka-clients-3.9.2.jar", "commons-pool2-2.13.1.jar",
+)
 
 # Settings for a small local[*] session: no UI, few shuffle partitions (epochs are small),
 # Delta's catalog and SQL extensions.
@@ -54,23 +65,23 @@ BASE_CONF: dict[str, str] = {
 }
 
 
-def delta_jars() -> list[str]:
-    """Paths of the Delta jars; raises if ``make jars`` has not fetched them yet."""
+def spark_jars() -> list[str]:
+    """Paths of the jars every session gets; raises if ``make jars`` has not fetched them yet."""
     folder = jars_dir()
-    paths = [folder / name for name in DELTA_JAR_NAMES]
+    paths = [folder / name for name in JAR_NAMES]
     missing = [str(p) for p in paths if not p.is_file()]
     if missing:
         raise FileNotFoundError(
-            f"Delta jars missing: {', '.join(missing)}. Run `make jars` (needs Maven Central once)."
+            f"jars missing: {', '.join(missing)}. Run `make jars` (needs Maven Central once)."
         )
     return [str(p) for p in paths]
 
 
-def fetch_delta_jars() -> list[str]:
-    """Resolve the Delta jars through Spark's Ivy once and copy them into the jars folder."""
+def fetch_spark_jars() -> list[str]:
+    """Resolve the jars through Spark's Ivy once and copy them into the jars folder."""
     folder = jars_dir()
-    if all((folder / name).is_file() for name in DELTA_JAR_NAMES):
-        return delta_jars()
+    if all((folder / name).is_file() for name in JAR_NAMES):
+        return spark_jars()
     from pyspark.sql import SparkSession
 
     folder.mkdir(parents=True, exist_ok=True)
@@ -79,20 +90,20 @@ def fetch_delta_jars() -> list[str]:
         spark = (
             SparkSession.builder.master("local[1]")
             .appName("sluice-fetch-jars")
-            .config("spark.jars.packages", ",".join(DELTA_PACKAGES))
+            .config("spark.jars.packages", ",".join(JAR_PACKAGES))
             .config("spark.jars.ivy", str(ivy))
             .config("spark.ui.enabled", "false")
             .getOrCreate()
         )
         spark.stop()
-        for name in DELTA_JAR_NAMES:
+        for name in JAR_NAMES:
             found = glob.glob(str(ivy / "jars" / f"*{name}"))
             if not found:
                 raise FileNotFoundError(f"Ivy did not resolve {name} (looked in {ivy}/jars)")
             shutil.copy(found[0], folder / name)
     finally:
         shutil.rmtree(ivy, ignore_errors=True)
-    return delta_jars()
+    return spark_jars()
 
 
 #: JVM options of a run-once driver. It lives for seconds to minutes, so the C2 compiler's work
@@ -164,7 +175,7 @@ def connect_server_command(master: str = "local[*]", port: int = 15002, host: st
     conf = spark_conf({"spark.connect.grpc.binding.address": host, "spark.connect.grpc.binding.port": str(port),
                        "spark.connect.execute.manager.detachedTimeout": "30s"}, run_once=False)
     cmd = [str(Path(_find_spark_home()) / "bin" / "spark-submit"), "--class", CONNECT_SERVER_CLASS,
-           "--name", "sluice-connect", "--master", master, "--jars", ",".join(delta_jars()),
+           "--name", "sluice-connect", "--master", master, "--jars", ",".join(spark_jars()),
            "--driver-java-options",
            f"-Dlog4j2.configurationFile=file:{project_root() / 'jobs' / 'log4j2.properties'}"]
     for key, value in conf.items():
@@ -206,7 +217,7 @@ def get_session(app_name: str = "sluice", master: str | None = None,
     if not os.environ.get("SPARK_SUBMIT_PROCESS") and "spark.master" not in (extra_conf or {}):
         builder = builder.master(master or os.environ.get("SLUICE_SPARK_MASTER", "local[*]"))
     conf = spark_conf(extra_conf)
-    conf.setdefault("spark.jars", ",".join(delta_jars()))
+    conf.setdefault("spark.jars", ",".join(spark_jars()))
     for key, value in conf.items():
         builder = builder.config(key, value)
     return builder.getOrCreate()
@@ -219,5 +230,5 @@ if __name__ == "__main__":  # python -m sluice.spark: used by `make jars`
         args = sys.argv[2:]
         cmd = connect_server_command(args[0] if args else "local[*]", int(args[1]) if len(args) > 1 else 15002)
         os.execv(cmd[0], cmd)
-    for path in fetch_delta_jars():
+    for path in fetch_spark_jars():
         print(path)

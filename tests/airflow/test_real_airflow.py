@@ -1,5 +1,7 @@
 """End to end under a real Airflow: ``airflow standalone`` (scheduler, dag-processor,
-api-server, triggerer, LocalExecutor) in a subprocess, driven through its REST API.
+api-server, triggerer, LocalExecutor) in a subprocess, driven through its REST API, with
+Airflow's metadata and the epoch store on a real Postgres server (each its own database and
+role, as a deployment has them; the README's path on SQLite is ``tests/acceptance``).
 
 What ``dag.test()`` cannot show, shown here:
 * the backlog sensor defers and the *real* triggerer imports ``sluice.airflow.triggers.
@@ -26,12 +28,15 @@ from datetime import datetime, timedelta
 from pathlib import Path
 
 import pytest
+from sqlalchemy import make_url
 
 from sluice import protocol
 from sluice.spec import PipelineSpec
 from sluice.store import EpochLog
 from tests.airflow import standalone
 from tests.pipelines import assert_matches_oracle, land, make_pipeline
+
+pytestmark = pytest.mark.postgres
 
 CONTINUOUS = "real_af_continuous"
 CRON = "real_af_cron"
@@ -76,8 +81,20 @@ def pipelines() -> tuple[PipelineSpec, PipelineSpec, PipelineSpec]:
 
 
 @pytest.fixture(scope="module")
-def server(pipelines, tmp_path_factory) -> Iterator[standalone.Server]:
-    srv = standalone.start(tmp_path_factory.mktemp("standalone") / "airflow")
+def databases(postgres) -> Iterator[dict[str, str]]:
+    """This module's Airflow metadata database and epoch store, on Postgres; the test's own
+    reads of the store (``EpochLog()``) go there too."""
+    urls = {"AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": postgres.database(owner="airflow"),
+            "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
+            "SLUICE_STORE_URL": postgres.database()}
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("SLUICE_STORE_URL", urls["SLUICE_STORE_URL"])
+        yield urls
+
+
+@pytest.fixture(scope="module")
+def server(pipelines, databases, tmp_path_factory) -> Iterator[standalone.Server]:
+    srv = standalone.start(tmp_path_factory.mktemp("standalone") / "airflow", extra_env=databases)
     try:
         yield srv
     finally:
@@ -197,6 +214,11 @@ def test_pipelines_run_under_airflow_standalone(pipelines, server, spark):
         spark_step = client.get(f"/api/v2/dags/{CONTINUOUS}/dagRuns/{run1}/taskInstances/run_group").json()
         assert plan["group_id"] == 0 and "run_group.py" in json.dumps(spark_step["rendered_fields"]), spark_step
         assert url not in json.dumps(plan) and url not in json.dumps(spark_step["rendered_fields"])
+        password = make_url(url).password
+        assert password not in json.dumps(plan) and password not in json.dumps(spark_step["rendered_fields"])
+        for task in GROUP_TASKS:
+            assert password not in task_log(server, CONTINUOUS, run1, task), f"the store's password in {task}'s log"
+        assert password not in server.log_path.read_text(errors="replace"), "the store's password in Airflow's log"
 
         # 4. @continuous starts the next run by itself; it waits, deferred, for the next data.
         run2 = standalone.wait_for_run(server, client, CONTINUOUS, 1, timeout=60)["dag_run_id"]

@@ -28,7 +28,8 @@ RUN_GROUP = str(project_root() / "jobs" / "run_group.py")
 
 
 @pytest.fixture
-def epoch_log():
+def epoch_log(store_backend):
+    """The test session's epoch store: SQLite, then a real Postgres server (``store_backend``)."""
     log = EpochLog()
     yield log
     log.close()

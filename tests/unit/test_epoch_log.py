@@ -1,4 +1,5 @@
-"""Unit tests of ``sluice.store.EpochLog`` on a temporary SQLite file (no Spark, no Airflow)."""
+"""Unit tests of ``sluice.store.EpochLog`` on a temporary SQLite file and on a real Postgres server
+(no Spark, no Airflow)."""
 
 from __future__ import annotations
 
@@ -18,11 +19,6 @@ from sluice.errors import FencedError, PipelineBusyError, ProtocolError  # noqa:
 from sluice.store import EpochLog, Lease  # noqa: E402
 
 P = "pipe"
-
-@pytest.fixture
-def db_url(tmp_path: Path) -> str:
-    return f"sqlite:///{tmp_path}/s.db"
-
 
 @pytest.fixture
 def log(db_url: str):
@@ -555,11 +551,13 @@ def test_one_engine_per_store_and_a_new_one_for_a_replaced_sqlite_file(tmp_path)
 # -- reads write nothing ------------------------------------------------------------------------
 
 
-def test_reads_of_a_pipeline_that_never_ran_write_nothing(db_url):
+def test_reads_of_a_pipeline_that_never_ran_write_nothing(tmp_path):
     """The epoch API and the sensors only read: a pipeline with no row yet gets its initial
-    state, and the store's file does not change (no row, so no write lock was taken)."""
+    state, and the store's file does not change (no row, so no write lock was taken). SQLite
+    only: its file's bytes show any write."""
     import sqlite3
 
+    db_url = f"sqlite:///{tmp_path}/s.db"
     EpochLog(db_url).close()  # the schema, as a writer created it
     path = db_url.removeprefix("sqlite:///")
     before = Path(path).read_bytes()

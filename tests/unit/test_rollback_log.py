@@ -21,8 +21,8 @@ P = "pipe"
 
 
 @pytest.fixture
-def log(tmp_path: Path):
-    epoch_log = EpochLog(f"sqlite:///{tmp_path}/s.db")
+def log(db_url: str):
+    epoch_log = EpochLog(db_url)
     yield epoch_log
     epoch_log.close()
 

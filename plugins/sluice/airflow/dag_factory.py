@@ -35,7 +35,7 @@ from sluice.airflow.operators import (
 from sluice.airflow.sensors import BacklogSensor
 from sluice.paths import jars_dir, project_root
 from sluice.protocol import LeaseOwner
-from sluice.spark import DELTA_JAR_NAMES, RUN_ONCE_JAVA_OPTIONS, remote_url, spark_conf
+from sluice.spark import JAR_NAMES, RUN_ONCE_JAVA_OPTIONS, remote_url, spark_conf
 from sluice.spec import PipelineSpec
 
 
@@ -88,7 +88,7 @@ def build_dag(spec: PipelineSpec) -> DAG:
                 conn_id=spec.spark.conn_id,
                 conf=spark_conf({"spark.driver.extraJavaOptions": f"{RUN_ONCE_JAVA_OPTIONS} -Dlog4j2.configurationFile="
                                  f"file:{project_root() / 'jobs' / 'log4j2.properties'}", **spec.spark.conf}),
-                jars=",".join(str(jars / name) for name in DELTA_JAR_NAMES),
+                jars=",".join(str(jars / name) for name in JAR_NAMES),
                 name=f"sluice-{spec.name}",
             )
         else:

@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
+from sqlalchemy import make_url
 
 from sluice import adaptive, protocol
 from sluice.store import EpochLog
@@ -94,6 +95,14 @@ class BacklogTrigger(BaseTrigger):
         return ("sluice.airflow.triggers.BacklogTrigger",
                 {"pipeline": self.pipeline, "store_url": self.store_url, "poll_interval": self.poll_interval,
                  "min_files": self.min_files, "continuous": self.continuous, "dag_id": self.dag_id})
+
+    def __repr__(self) -> str:
+        # Airflow logs a trigger by its repr (the task's log, the triggerer's): the store's
+        # password stays out of both; the kwargs themselves are stored encrypted.
+        classpath, kwargs = self.serialize()
+        if kwargs["store_url"]:
+            kwargs["store_url"] = make_url(kwargs["store_url"]).render_as_string(hide_password=True)
+        return self.repr(classpath, kwargs)
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
         started = time.monotonic()

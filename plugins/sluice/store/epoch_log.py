@@ -19,11 +19,13 @@ from pathlib import Path
 from typing import Any
 
 from sqlalchemy import Engine, create_engine, event, func, select
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
 from sluice import protocol
 from sluice.errors import FencedError, PipelineBusyError, ProtocolError
-from sluice.store.models import Base, ControlRow, EpochRow, GroupRow, PipelineRow, SourceFileRow
+from sluice.store import schema
+from sluice.store.models import ControlRow, EpochRow, GroupRow, PipelineRow, SourceFileRow
 
 DEFAULT_LEASE_TTL_S = 600.0
 
@@ -207,21 +209,6 @@ def _configure_sqlite(engine: Engine) -> None:
         conn.exec_driver_sql("BEGIN IMMEDIATE")
 
 
-def _add_missing_columns(engine: Engine) -> None:
-    """Add nullable columns newer releases introduced to a store an older release created
-    (``create_all`` only creates missing tables)."""
-    from sqlalchemy import inspect
-
-    with engine.begin() as conn:  # one connection: a second would wait on this one's write lock
-        inspector = inspect(conn)
-        for table in Base.metadata.sorted_tables:
-            present = {c["name"] for c in inspector.get_columns(table.name)}
-            for column in table.columns:
-                if column.name not in present and column.nullable:
-                    kind = column.type.compile(dialect=engine.dialect)
-                    conn.exec_driver_sql(f"ALTER TABLE {table.name} ADD COLUMN {column.name} {kind}")
-
-
 @dataclass(frozen=True)
 class RollbackPlan:
     """What a rollback of ``pipeline`` to ``to_epoch`` changes in the epoch log."""
@@ -235,7 +222,7 @@ class RollbackPlan:
 
 #: One engine (and schema check) per store URL and process: an Airflow worker, the triggerer
 #: and the api-server open the store once per task, poke or request, and each opening used to
-#: pay ``create_all`` and a column inspection. Keyed by process id too: a pool must not cross a
+#: pay a schema check. Keyed by process id too: a pool must not cross a
 #: fork (the task runner forks its workers). A SQLite file deleted or replaced since (a lost
 #: store, rebuilt) gets a new engine: the old one would write to the unlinked file.
 _ENGINES: dict[tuple[int, str], tuple[Engine, sessionmaker[Session], int | None]] = {}
@@ -267,8 +254,7 @@ def _open(url: str) -> tuple[Engine, sessionmaker[Session]]:
         engine = create_engine(url, future=True)
         if engine.dialect.name == "sqlite":
             _configure_sqlite(engine)
-        Base.metadata.create_all(engine)
-        _add_missing_columns(engine)
+        schema.upgrade(engine)
         sessions = sessionmaker(engine, expire_on_commit=False)
         _ENGINES[key] = engine, sessions, _inode(file)
         return engine, sessions
@@ -301,11 +287,19 @@ class EpochLog:
         if lock:
             stmt = stmt.with_for_update()
         row = session.scalars(stmt).first()
+        if row is None and not lock:
+            return PipelineRow(name=name, generation=0, fence=0, created_at=utcnow())
         if row is None:
-            row = PipelineRow(name=name, generation=0, fence=0, created_at=utcnow())
-            if lock:
-                session.add(row)
-                session.flush()
+            # SELECT ... FOR UPDATE locks no row that does not exist yet: on Postgres two first
+            # writers both get here, and the second's INSERT waits for the first's commit, then
+            # fails on the key. Its savepoint absorbs that, and it locks the row the first made.
+            # (SQLite's BEGIN IMMEDIATE already serialised them.)
+            try:
+                with session.begin_nested():
+                    session.add(PipelineRow(name=name, generation=0, fence=0, created_at=utcnow()))
+            except IntegrityError:
+                pass
+            row = session.scalars(stmt).one()
         return row
 
     def generation(self, pipeline: str) -> int:
@@ -405,6 +399,11 @@ class EpochLog:
         manifest; paths already registered keep their position. Returns the manifest's end."""
         now = utcnow()
         with self._tx() as s:
+            if not files:  # a poll that found nothing new writes nothing
+                return self._manifest_end(s, pipeline)
+            # Positions are dense: the pipeline's row lock serialises registrations (a sensor's
+            # and a planner's) on Postgres, as BEGIN IMMEDIATE does on SQLite.
+            self._pipeline(s, pipeline, lock=True)
             known = set(s.scalars(select(SourceFileRow.path).where(SourceFileRow.pipeline == pipeline)))
             position = self._manifest_end(s, pipeline)
             for path, size, mtime in files:

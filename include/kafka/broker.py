@@ -1,0 +1,186 @@
+"""A real Kafka broker without Docker: one KRaft node (broker and controller roles in one JVM) on
+127.0.0.1, from Maven Central jars, the classes Kafka's shell scripts call.
+
+1. ``fetch_jars`` copies ``kafka_2.13`` and its dependencies (``include/kafka/pom.xml``) into
+   ``var/jars/kafka-broker`` with Maven, once.
+2. ``start`` writes ``server.properties`` into a data folder, formats it
+   (``kafka.tools.StorageTool format --standalone``) and starts ``kafka.Kafka``; it returns once
+   the broker answers a metadata request.
+
+``python -m include.kafka.broker`` (``make kafka``) runs one in the foreground on
+127.0.0.1:9092 with its data under ``var/kafka``; the tests start their own on free ports.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+from sluice.paths import data_dir, jars_dir, project_root
+
+POM = project_root() / "include" / "kafka" / "pom.xml"
+#: A short-lived single-node broker: a small heap, the C1 compiler and the serial collector.
+JAVA_OPTIONS = ["-Xmx512m", "-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC", "-Djava.awt.headless=true"]
+
+LOG4J2 = """\
+status = error
+appender.file.type = File
+appender.file.name = file
+appender.file.fileName = {log}
+appender.file.layout.type = PatternLayout
+appender.file.layout.pattern = [%d] %p %m (%c)%n
+rootLogger.level = WARN
+rootLogger.appenderRef.file.ref = file
+logger.kafka.name = kafka.server.KafkaRaftServer
+logger.kafka.level = INFO
+"""
+
+
+def lib_dir() -> Path:
+    return jars_dir() / "kafka-broker"
+
+
+def fetch_jars() -> Path:
+    """The broker's jars, fetched with Maven into ``var/jars/kafka-broker`` on first use."""
+    lib = lib_dir()
+    if lib.is_dir() and any(lib.glob("kafka_2.13-*.jar")):
+        return lib
+    mvn = shutil.which("mvn")
+    if mvn is None:
+        raise RuntimeError("Maven (mvn) is needed once to fetch the Kafka broker's jars from Maven Central")
+    partial = lib.with_name(lib.name + ".partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    done = subprocess.run([mvn, "-q", "-B", "-f", str(POM), "dependency:copy-dependencies",
+                           f"-DoutputDirectory={partial}", "-DincludeScope=runtime"], capture_output=True, text=True)
+    if done.returncode:
+        raise RuntimeError(f"fetching the Kafka broker's jars failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
+    partial.rename(lib)  # whole or not at all: a broken fetch is retried, never half-used
+    return lib
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class Broker:
+    root: Path
+    port: int
+    proc: subprocess.Popen[bytes]
+
+    @property
+    def bootstrap(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def log_tail(self, lines: int = 60) -> str:
+        log = self.root / "broker.log"
+        return "\n".join(log.read_text(errors="replace").splitlines()[-lines:]) if log.exists() else ""
+
+    def stop(self, timeout: float = 30) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=10)
+
+
+def _java(lib: Path, main: str, *args: str, options: tuple[str, ...] = ()) -> list[str]:
+    return ["java", *JAVA_OPTIONS, *options, "-cp", f"{lib}/*", main, *args]
+
+
+def start(root: Path, port: int | None = None, timeout: float = 120) -> Broker:
+    """Format ``root`` (unless a broker ran there before) and start a broker on it."""
+    lib = fetch_jars()
+    root.mkdir(parents=True, exist_ok=True)
+    port = port or free_port()
+    controller = free_port()
+    props = root / "server.properties"
+    props.write_text("\n".join([
+        "process.roles=broker,controller",
+        "node.id=1",
+        f"controller.quorum.bootstrap.servers=127.0.0.1:{controller}",
+        f"listeners=PLAINTEXT://127.0.0.1:{port},CONTROLLER://127.0.0.1:{controller}",
+        f"advertised.listeners=PLAINTEXT://127.0.0.1:{port}",
+        "controller.listener.names=CONTROLLER",
+        "listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT",
+        f"log.dirs={root / 'data'}",
+        "num.partitions=1",
+        "offsets.topic.replication.factor=1",
+        "transaction.state.log.replication.factor=1",
+        "transaction.state.log.min.isr=1",
+        "share.coordinator.state.topic.replication.factor=1",
+        "share.coordinator.state.topic.min.isr=1",
+        "group.initial.rebalance.delay.ms=0",
+        "auto.create.topics.enable=false",
+        "",
+    ]))
+    (root / "log4j2.properties").write_text(LOG4J2.format(log=root / "broker.log"))
+    if not (root / "data" / "meta.properties").exists():
+        cluster = subprocess.run(_java(lib, "kafka.tools.StorageTool", "random-uuid"), capture_output=True,
+                                 text=True, check=True).stdout.strip() or uuid.uuid4().hex
+        done = subprocess.run(_java(lib, "kafka.tools.StorageTool", "format", "--standalone", "-t", cluster,
+                                    "-c", str(props)), capture_output=True, text=True)
+        if done.returncode:
+            raise RuntimeError(f"formatting the Kafka storage failed:\n{done.stdout}\n{done.stderr}")
+    with (root / "broker.out").open("wb") as out:
+        proc = subprocess.Popen(
+            _java(lib, "kafka.Kafka", str(props),
+                  options=(f"-Dlog4j2.configurationFile=file:{root / 'log4j2.properties'}",)),
+            stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+    broker = Broker(root=root, port=port, proc=proc)
+    _wait_ready(broker, timeout)
+    return broker
+
+
+def _wait_ready(broker: Broker, timeout: float) -> None:
+    from confluent_kafka.admin import AdminClient
+
+    deadline = time.monotonic() + timeout
+    admin = None
+    while True:
+        if broker.proc.poll() is not None:
+            raise RuntimeError(f"the Kafka broker exited ({broker.proc.returncode}):\n{broker.log_tail()}\n"
+                               f"{(broker.root / 'broker.out').read_text(errors='replace')[-3000:]}")
+        if time.monotonic() > deadline:
+            broker.stop()
+            raise RuntimeError(f"the Kafka broker did not answer within {timeout:.0f} s:\n{broker.log_tail()}")
+        with socket.socket() as s:  # a client before the port listens would log every refused connect
+            listening = s.connect_ex(("127.0.0.1", broker.port)) == 0
+        if listening:
+            admin = admin or AdminClient({"bootstrap.servers": broker.bootstrap})
+            try:
+                admin.list_topics(timeout=5)
+                return
+            except Exception:  # listening, not serving yet
+                pass
+        time.sleep(0.5)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--port", type=int, default=9092)
+    parser.add_argument("--data", type=Path, default=data_dir() / "kafka")
+    args = parser.parse_args()
+    broker = start(args.data, args.port)
+    print(f"Kafka broker on {broker.bootstrap} (data and log in {args.data}); Ctrl-C stops it", flush=True)
+    try:
+        broker.proc.wait()
+    except KeyboardInterrupt:
+        broker.stop()
+    sys.exit(broker.proc.returncode or 0)
+
+
+if __name__ == "__main__":
+    main()
