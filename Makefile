@@ -28,7 +28,7 @@ export PYSPARK_PYTHON := $(PY)
 export PATH := $(VENV)/bin:$(PATH)
 export PYTHONPATH := $(CURDIR)/plugins:$(CURDIR)
 
-.PHONY: help setup venv jars demo test test-full system-packages lint airflow generate store-rebuild bench-control bench-control-e2e \
+.PHONY: help setup venv jars demo test test-full system-packages lint kafka airflow generate store-rebuild bench-control bench-control-e2e \
 	bench bench-quick bench-sched compose-env clean backfill rollback recover skip-file cli
 
 help:
@@ -41,7 +41,8 @@ help:
 	@echo "make recover PIPELINE=<name>  trigger sluice_recover (rerun failed or unfinished epochs)"
 	@echo "make skip-file PIPELINE=<name> FILE=<path> REASON=<why>  skip a gone or unreadable file, recorded"
 	@echo "make cli ARGS='dags list'  any airflow command with this Makefile's environment"
-	@echo "make generate  land more YSB data (RATE=, DURATION=, FILES_PER_SECOND=, SEED=, LATE=, OUT=)"
+	@echo "make generate  land more YSB data (RATE=, DURATION=, FILES_PER_SECOND=, SEED=, LATE=, OUT=; TOPIC= for Kafka)"
+	@echo "make kafka     a Kafka broker (KRaft, one node) on 127.0.0.1:9092 for the ysb_kafka pipeline"
 	@echo "make store-rebuild PIPELINE=<name>  rebuild a lost epoch store from the tables' epoch records"
 	@echo "make bench-control  simulate the adaptive controllers on rate traces (bench/results/control.*)"
 	@echo "make bench-control-e2e  the controllers on Spark, YSB at a sinusoidal rate, ~15 min (control_e2e.*)"
@@ -68,12 +69,13 @@ $(JARS): | $(STAMP)
 demo: setup
 	@$(PY) include/demo.py
 
-# The everyday loop: everything but the runs on a real Postgres server (< 30 min on 2 cores).
+# The everyday loop: everything but the runs on real servers (Postgres, Kafka): about 30 min.
 test: setup lint
-	@echo "==> running the test suite (without the Postgres runs: make test-full)"
-	@$(PY) -m pytest tests -m "not postgres"
+	@echo "==> running the test suite (without the Postgres and Kafka runs: make test-full)"
+	@$(PY) -m pytest tests -m "not postgres and not kafka"
 
-# What CI runs: every test, the epoch store and Airflow on a real Postgres server too.
+# What CI runs: every test, with the epoch store and Airflow on a real Postgres server too and
+# the Kafka source on a real broker (its jars from Maven Central, once).
 test-full: setup system-packages lint
 	@echo "==> running the whole test suite"
 	@$(PY) -m pytest tests
@@ -97,9 +99,18 @@ FILES_PER_SECOND ?= 1
 SEED ?= 0
 LATE ?= 0
 OUT ?= var/landing/ysb
+# TOPIC=ysb sends the events to that Kafka topic on $(KAFKA) instead (the ysb_kafka pipeline).
+TOPIC ?=
+KAFKA ?= 127.0.0.1:9092
 generate: venv
-	@$(PY) -m include.generators.ysb --out $(OUT) --rate $(RATE) --duration $(DURATION) \
-		--files-per-second $(FILES_PER_SECOND) --seed $(SEED) --late-fraction $(LATE)
+	@$(PY) -m include.generators.ysb $(if $(TOPIC),--topic $(TOPIC) --bootstrap $(KAFKA),--out $(OUT)) \
+		--rate $(RATE) --duration $(DURATION) --files-per-second $(FILES_PER_SECOND) --seed $(SEED) \
+		--late-fraction $(LATE)
+
+# A single-node Kafka broker (KRaft) on 127.0.0.1:9092, data under var/kafka; Ctrl-C stops it.
+# Its jars come from Maven Central once (mvn, include/kafka/pom.xml) into var/jars/kafka-broker.
+kafka: setup
+	@$(PY) -m include.kafka.broker --port $(lastword $(subst :, ,$(KAFKA)))
 
 # Airflow's CLI needs this Makefile's environment (AIRFLOW_HOME, DAG folder, plugins): use these
 # targets, or `make cli ARGS='...'`, rather than a bare .venv/bin/airflow.

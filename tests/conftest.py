@@ -84,5 +84,15 @@ def store_backend(request, monkeypatch) -> str:
     return request.param
 
 
+@pytest.fixture(scope="session")
+def kafka():
+    """A real Kafka broker (KRaft, one node) on 127.0.0.1 for the test run (started on first use)."""
+    from include.kafka.broker import start
+
+    broker = start(TMP_ROOT / "kafka")
+    yield broker
+    broker.stop()
+
+
 def pytest_sessionfinish(session, exitstatus):
     shutil.rmtree(_tmp, ignore_errors=True)

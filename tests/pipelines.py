@@ -21,7 +21,8 @@ def make_pipeline(name: str, base: str = "ysb", tables: str | None = None, **ove
     by default each pipeline has its own (``<data>/<name>/tables/<sink>``)."""
     raw = yaml.safe_load((project_root() / "include" / "pipelines" / f"{base}.yaml").read_text())
     raw["name"] = name
-    raw["source"]["path"] = f"${{SLUICE_DATA_DIR}}/{name}/landing"
+    if raw["source"].get("type", "files") == "files":
+        raw["source"]["path"] = f"${{SLUICE_DATA_DIR}}/{name}/landing"
     for sink in raw["sinks"]:
         sink["path"] = (f"{tables}/{name}_{sink['name']}" if tables
                         else f"${{SLUICE_DATA_DIR}}/{name}/tables/{sink['name']}")
@@ -37,7 +38,8 @@ def make_pipeline(name: str, base: str = "ysb", tables: str | None = None, **ove
     path = Path(os.environ["SLUICE_PIPELINES_DIR"]) / f"{name}.yaml"
     path.write_text(yaml.safe_dump(raw, sort_keys=False))
     spec = load_spec(path)
-    spec.landing_dir.mkdir(parents=True, exist_ok=True)
+    if spec.source.type == "files":
+        spec.landing_dir.mkdir(parents=True, exist_ok=True)
     return spec
 
 

@@ -12,12 +12,13 @@ import glob
 import os
 import pwd
 import shutil
-import socket
 import subprocess
 import tempfile
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
+
+from sluice.net import free_port
 
 SUPERUSER = "postgres"
 OWNER = "sluice"
@@ -34,12 +35,6 @@ def _bin_dir() -> Path:
         return Path(on_path).parent
     raise RuntimeError("no PostgreSQL server installed: `make test` installs Debian's postgresql-15 "
                        "(include/system-packages.sh); or apt-get install postgresql-15")
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @dataclass
@@ -62,7 +57,7 @@ class PostgresServer:
         pwfile.write_text(password + "\n")
         if as_user:
             os.chown(pwfile, entry.pw_uid, entry.pw_gid)
-        server = cls(root=root, port=_free_port(), password=password)
+        server = cls(root=root, port=free_port(), password=password)
 
         def run(*args: str) -> None:
             done = subprocess.run([*as_user, *args], capture_output=True, text=True)

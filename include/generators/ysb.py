@@ -48,36 +48,30 @@ def write_ads(path: Path = ADS_CSV, campaigns: int = 100, ads_per_campaign: int 
                 out.writerow([str(uuid.UUID(int=rnd.getrandbits(128), version=4)), campaign])
 
 
-def generate(out: str | Path, *, rate: float = 1000, duration: float = 10, files_per_second: float = 1,
-             seed: int = 0, start_ms: int | None = None, late_fraction: float = 0.0, late_max_s: float = 30.0,
-             malformed_fraction: float = 0.0, realtime: bool = False, prefix: str = "ysb",
-             progress: bool = False) -> list[Path]:
-    """Write ``rate * duration`` events into ``duration * files_per_second`` files.
+def event_batches(*, rate: float = 1000, duration: float = 10, files_per_second: float = 1, seed: int = 0,
+                  start_ms: int | None = None, late_fraction: float = 0.0, late_max_s: float = 30.0,
+                  malformed_fraction: float = 0.0) -> Iterator[list[str]]:
+    """``duration * files_per_second`` batches (a file's lines, or a burst of messages) of
+    ``rate * duration`` events in all.
 
     Event times advance uniformly from ``start_ms``; a ``late_fraction`` of events carries an
-    event time up to ``late_max_s`` seconds older (it lands in a later file than its window).
+    event time up to ``late_max_s`` seconds older (it lands in a later batch than its window).
     ``malformed_fraction`` of lines are broken on purpose (bad JSON, a missing field or a
     non-numeric time) to exercise the rejected-records table.
     """
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
     rnd = random.Random(seed)
     ads = list(load_ads())
     users = [str(uuid.UUID(int=rnd.getrandbits(128), version=4)) for _ in range(100)]
     pages = [str(uuid.UUID(int=rnd.getrandbits(128), version=4)) for _ in range(100)]
     start_ms = int(time.time() * 1000) if start_ms is None else start_ms
-    n_files = max(1, round(duration * files_per_second))
-    per_file = max(1, round(rate * duration / n_files))
+    n_batches = max(1, round(duration * files_per_second))
+    per_batch = max(1, round(rate * duration / n_batches))
     span_ms = 1000.0 / files_per_second
-    existing = len(list(out.glob(f"{prefix}-*.json")))
-    paths = []
-    for f in range(n_files):
-        if realtime:
-            time.sleep(max(0.0, 1.0 / files_per_second))
+    for f in range(n_batches):
         lines = []
         base = start_ms + f * span_ms
-        for i in range(per_file):
-            t = int(base + i * span_ms / per_file)
+        for i in range(per_batch):
+            t = int(base + i * span_ms / per_batch)
             if late_fraction and rnd.random() < late_fraction:
                 t -= int(rnd.uniform(0, late_max_s * 1000))
             event = {"user_id": rnd.choice(users), "page_id": rnd.choice(pages), "ad_id": rnd.choice(ads),
@@ -89,6 +83,26 @@ def generate(out: str | Path, *, rate: float = 1000, duration: float = 10, files
                                    json.dumps({k: v for k, v in event.items() if k != "ad_id"}),
                                    line.replace(f'"{t}"', '"not-a-time"')])
             lines.append(line)
+        yield lines
+
+
+def generate(out: str | Path, *, rate: float = 1000, duration: float = 10, files_per_second: float = 1,
+             seed: int = 0, start_ms: int | None = None, late_fraction: float = 0.0, late_max_s: float = 30.0,
+             malformed_fraction: float = 0.0, realtime: bool = False, prefix: str = "ysb",
+             progress: bool = False) -> list[Path]:
+    """Write ``rate * duration`` events into ``duration * files_per_second`` files
+    (``event_batches``), each written to a hidden name and renamed."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    existing = len(list(out.glob(f"{prefix}-*.json")))
+    paths = []
+    batches = event_batches(rate=rate, duration=duration, files_per_second=files_per_second, seed=seed,
+                            start_ms=start_ms, late_fraction=late_fraction, late_max_s=late_max_s,
+                            malformed_fraction=malformed_fraction)
+    n_files = max(1, round(duration * files_per_second))
+    for f, lines in enumerate(batches):
+        if realtime:
+            time.sleep(max(0.0, 1.0 / files_per_second))
         path = out / f"{prefix}-{existing + f:06d}.json"
         tmp = out / f".{path.name}.tmp"
         tmp.write_text("\n".join(lines) + "\n")
@@ -97,6 +111,37 @@ def generate(out: str | Path, *, rate: float = 1000, duration: float = 10, files
         if progress and (f + 1) % max(1, n_files // 10) == 0:
             print(f"  generated {f + 1}/{n_files} files", file=sys.stderr, flush=True)
     return paths
+
+
+def produce(bootstrap: str, topic: str, *, partitions: int = 3, rate: float = 1000, duration: float = 10,
+            files_per_second: float = 1, seed: int = 0, start_ms: int | None = None, late_fraction: float = 0.0,
+            late_max_s: float = 30.0, malformed_fraction: float = 0.0, realtime: bool = False) -> int:
+    """Send the events of ``event_batches`` to a Kafka topic (created with ``partitions``
+    partitions if missing), one message per event, spread over the partitions in turn.
+    Returns the number of messages sent."""
+    from confluent_kafka import Producer
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    if topic not in admin.list_topics(timeout=15).topics:
+        for future in admin.create_topics([NewTopic(topic, partitions, 1)]).values():
+            future.result()
+    n_partitions = len(admin.list_topics(topic, timeout=15).topics[topic].partitions)
+    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20, "enable.idempotence": True})
+    sent = 0
+    for lines in event_batches(rate=rate, duration=duration, files_per_second=files_per_second, seed=seed,
+                               start_ms=start_ms, late_fraction=late_fraction, late_max_s=late_max_s,
+                               malformed_fraction=malformed_fraction):
+        if realtime:
+            time.sleep(max(0.0, 1.0 / files_per_second))
+        for line in lines:
+            producer.produce(topic, value=line.encode(), partition=sent % n_partitions)
+            sent += 1
+            producer.poll(0)
+        producer.flush(30)
+    if producer.flush(30):
+        raise RuntimeError(f"{topic}: messages still unsent after 30 s")
+    return sent
 
 
 def parse_valid(line: str) -> dict | None:
@@ -119,27 +164,32 @@ def parse_valid(line: str) -> dict | None:
 MAX_RECORD_BYTES = 1024 * 1024
 
 
-def raw_events(paths: Iterable[str | Path]) -> Iterator[tuple[str, int, dict | None]]:
-    """``(file, line, event)`` for every non-blank line of the raw files, read as bytes;
-    ``event`` is None for a bad line: not UTF-8, above ``MAX_RECORD_BYTES``, or not valid by
+def classify(records: Iterable[tuple[str, int, bytes]]) -> Iterator[tuple[str, int, dict | None]]:
+    """``(where, line, event)`` for every non-blank raw record ``(where, line, bytes)``;
+    ``event`` is None for a bad one: not UTF-8, above ``MAX_RECORD_BYTES``, or not valid by
     ``parse_valid``."""
-    for path in paths:
-        for n, raw in enumerate(Path(path).read_bytes().split(b"\n"), start=1):
-            if not raw.strip():
-                continue
-            try:
-                text = raw.decode("utf-8")
-            except UnicodeDecodeError:
-                yield str(path), n, None
-                continue
-            yield str(path), n, None if len(raw) > MAX_RECORD_BYTES else parse_valid(text)
+    for where, n, raw in records:
+        if not raw.strip():
+            continue
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError:
+            yield where, n, None
+            continue
+        yield where, n, None if len(raw) > MAX_RECORD_BYTES else parse_valid(text)
 
 
-def expected_window_counts(paths: Iterable[str | Path], ads: dict[str, str] | None = None) -> Counter:
-    """Oracle: views per (campaign_id, window start in epoch ms), from the raw files."""
+def raw_events(paths: Iterable[str | Path]) -> Iterator[tuple[str, int, dict | None]]:
+    """``classify`` of the raw files' lines, read as bytes: ``(file, line, event)``."""
+    return classify((str(path), n, raw) for path in paths
+                    for n, raw in enumerate(Path(path).read_bytes().split(b"\n"), start=1))
+
+
+def window_counts(events: Iterable[tuple[str, int, dict | None]], ads: dict[str, str] | None = None) -> Counter:
+    """Oracle: views per (campaign_id, window start in epoch ms) of classified events."""
     ads = load_ads() if ads is None else ads
     counts: Counter = Counter()
-    for _, _, event in raw_events(paths):
+    for _, _, event in events:
         if event is None or event["event_type"] != "view" or event["ad_id"] not in ads:
             continue
         t = int(event["event_time"])
@@ -147,9 +197,18 @@ def expected_window_counts(paths: Iterable[str | Path], ads: dict[str, str] | No
     return counts
 
 
+def expected_window_counts(paths: Iterable[str | Path], ads: dict[str, str] | None = None) -> Counter:
+    """Oracle: views per (campaign_id, window start in epoch ms), from the raw files."""
+    return window_counts(raw_events(paths), ads)
+
+
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description="Generate YSB ad events as JSON-lines files.")
-    p.add_argument("--out", required=True, help="landing folder")
+    p = argparse.ArgumentParser(description="Generate YSB ad events as JSON-lines files, or into a Kafka topic.")
+    target = p.add_mutually_exclusive_group(required=True)
+    target.add_argument("--out", help="landing folder")
+    target.add_argument("--topic", help="a Kafka topic instead (created if missing)")
+    p.add_argument("--bootstrap", default="127.0.0.1:9092", help="Kafka brokers, with --topic")
+    p.add_argument("--partitions", type=int, default=3, help="partitions of a topic created, with --topic")
     p.add_argument("--rate", type=float, default=1000, help="events per second of event time")
     p.add_argument("--duration", type=float, default=10, help="seconds of event time")
     p.add_argument("--files-per-second", type=float, default=1)
@@ -160,6 +219,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--malformed-fraction", type=float, default=0.0)
     p.add_argument("--realtime", action="store_true", help="sleep between files, as a live source would")
     a = p.parse_args(argv)
+    if a.topic:
+        sent = produce(a.bootstrap, a.topic, partitions=a.partitions, rate=a.rate, duration=a.duration,
+                       files_per_second=a.files_per_second, seed=a.seed, start_ms=a.start_ms,
+                       late_fraction=a.late_fraction, late_max_s=a.late_max_s,
+                       malformed_fraction=a.malformed_fraction, realtime=a.realtime)
+        print(f"sent {sent} events to Kafka topic {a.topic} on {a.bootstrap}")
+        return 0
     paths = generate(a.out, rate=a.rate, duration=a.duration, files_per_second=a.files_per_second, seed=a.seed,
                      start_ms=a.start_ms, late_fraction=a.late_fraction, late_max_s=a.late_max_s,
                      malformed_fraction=a.malformed_fraction, realtime=a.realtime, progress=True)

@@ -24,6 +24,7 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
+from sluice.net import free_port
 from sluice.paths import data_dir, jars_dir, project_root
 
 POM = project_root() / "include" / "kafka" / "pom.xml"
@@ -64,12 +65,6 @@ def fetch_jars() -> Path:
         raise RuntimeError(f"fetching the Kafka broker's jars failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
     partial.rename(lib)  # whole or not at all: a broken fetch is retried, never half-used
     return lib
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @dataclass
@@ -168,12 +163,19 @@ def _wait_ready(broker: Broker, timeout: float) -> None:
         time.sleep(0.5)
 
 
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--port", type=int, default=9092)
     parser.add_argument("--data", type=Path, default=data_dir() / "kafka")
     args = parser.parse_args()
     broker = start(args.data, args.port)
+    # The broker runs in a session of its own (a Ctrl-C meant for it must not reach it half-way
+    # through a start): stop it on SIGTERM as on Ctrl-C, never leave it orphaned.
+    signal.signal(signal.SIGTERM, _interrupt)
     print(f"Kafka broker on {broker.bootstrap} (data and log in {args.data}); Ctrl-C stops it", flush=True)
     try:
         broker.proc.wait()

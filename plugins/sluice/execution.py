@@ -47,8 +47,8 @@ from sluice.errors import (
     SourceError,
 )
 from sluice.runner import GroupRunner, fence_tables, pipeline_tables
-from sluice.sources import FileSource
-from sluice.spec import PipelineSpec
+from sluice.sources import source_for
+from sluice.spec import KafkaSourceSpec, PipelineSpec
 from sluice.store import EpochLog, Group, Lease, records
 from sluice.store.epoch_log import RollbackPlan, utcnow
 
@@ -193,11 +193,11 @@ def plan(spec: PipelineSpec, epoch_log: EpochLog, owner: str, *, epoch_size: int
         if interval is not None:
             planned = _plan_backfill(spec, epoch_log, lease, epoch_size, k, interval)
         else:
-            FileSource(spec, epoch_log).discover()
+            source_for(spec, epoch_log).discover()
             group = epoch_log.plan_group(lease, epoch_size=epoch_size or spec.control.epoch_files,
                                          k=k or spec.control.group_epochs, plan={**(extra or {}), "reason": reason},
                                          only_leftovers=recover, fresh_attempts=recover,
-                                         max_bytes=spec.control.epoch_max_bytes)
+                                         max_bytes=spec.epoch_size_bound)
             planned = GroupPlan.of(group) if group else None
     except BaseException:
         epoch_log.release_lease(lease)
@@ -337,7 +337,7 @@ def checkpoint(spec: PipelineSpec, epoch_log: EpochLog, owner: str, group_id: in
                 adaptive.record_group(spec, epoch_log, g)
             except Exception:  # the controllers learn nothing from this group; publishing stands
                 log.exception("pipeline %s: could not record group %s for the controllers", spec.name, g.group_id)
-    backlog = FileSource(spec, epoch_log).backlog()
+    backlog = source_for(spec, epoch_log).backlog()
     published = [e for g in groups for e in g.epochs]
     return {"groups": [g.as_record() for g in groups], "group": groups[-1].as_record() if groups else None,
             "published": {s.name: {"epochs": [e.epoch_id for e in published],
@@ -451,7 +451,7 @@ def check_preconditions(spec: PipelineSpec, epoch_log: EpochLog, spark: SparkSes
     problems = []
     if plan.rolled_back:
         try:
-            FileSource(spec, epoch_log).check_retained(plan.rolled_back[0].start, plan.rolled_back[-1].end)
+            source_for(spec, epoch_log).check_retained(plan.rolled_back[0].start, plan.rolled_back[-1].end)
         except SourceError as exc:
             problems.append(f"the source no longer holds the data to recompute: {exc}")
     restores = plan_restores(spec, spark, plan)
@@ -582,7 +582,7 @@ def _plan_backfill(spec: PipelineSpec, epoch_log: EpochLog, lease: Lease, epoch_
     # Before the intent is recorded: a file gone from the source refuses the backfill and
     # leaves the pipeline as it was (a recorded intent would halt it until completed).
     epochs = {e.epoch_id: e for e in epoch_log.epochs(spec.name)}
-    FileSource(spec, epoch_log).check_retained(epochs[ids[0]].start, epochs[ids[-1]].end)
+    source_for(spec, epoch_log).check_retained(epochs[ids[0]].start, epochs[ids[-1]].end)
     epoch_log.begin_rollback(lease, {"to_epoch": ids[0], "through_epoch": ids[-1], "reason": reason,
                                      "owner": lease.owner})
     return GroupPlan(spec.name, None, plan={"reason": reason}, rollback=PlannedRollback(ids[0], ids[-1]))
@@ -591,7 +591,7 @@ def _plan_backfill(spec: PipelineSpec, epoch_log: EpochLog, lease: Lease, epoch_
 def _plan_backfill_new_data(spec: PipelineSpec, epoch_log: EpochLog, lease: Lease, epoch_size: int | None,
                             k: int | None, before: float) -> GroupPlan | None:
     """New epochs over never-planned files that landed before ``before`` (epoch seconds)."""
-    FileSource(spec, epoch_log).discover()
+    source_for(spec, epoch_log).discover()
     unplanned = epoch_log.manifest(spec.name, epoch_log.next_offset(spec.name))
     landed = [f.position for f in unplanned if f.mtime < before]
     if not landed:
@@ -600,7 +600,7 @@ def _plan_backfill_new_data(spec: PipelineSpec, epoch_log: EpochLog, lease: Leas
     # All of it in this run: a backfill's last run must leave none of its range unprocessed.
     # k as large as one epoch per file: the byte bound may split the files into more epochs.
     group = epoch_log.plan_group(lease, epoch_size=size, k=k or max(spec.control.group_epochs, len(landed)),
-                                 until_offset=max(landed) + 1, max_bytes=spec.control.epoch_max_bytes,
+                                 until_offset=max(landed) + 1, max_bytes=spec.epoch_size_bound,
                                  plan={"reason": f"backfill: {len(landed)} files that landed before "
                                                  f"{_iso(before)} were never processed"})
     return GroupPlan.of(group) if group else None
@@ -688,7 +688,10 @@ def skip_file(spec: PipelineSpec, epoch_log: EpochLog, path: str, *, by: str, re
     when, why). ``path``: as in the manifest (absolute), or relative to the landing folder.
     Failed epochs holding it get fresh attempts, so the next run (or ``sluice_recover``) runs
     them without it."""
-    candidates = [str(Path(path).absolute()), str((spec.landing_dir / path).absolute())]
+    if isinstance(spec.source, KafkaSourceSpec):  # a chunk is named by its kafka:// path
+        candidates = [path]
+    else:
+        candidates = [str(Path(path).absolute()), str((spec.landing_dir / path).absolute())]
     known = {p for p, _, _ in epoch_log.known_files(spec.name)}
     match = next((c for c in candidates if c in known), candidates[0])
     entry, epochs = epoch_log.skip_file(spec.name, match, by=by, reason=reason)

@@ -22,7 +22,7 @@ from sluice import faults, protocol, validation
 from sluice.errors import FencedError, PipelineHaltedError, SharedTableError, SluiceError
 from sluice.paths import project_root
 from sluice.sinks.delta import DeltaSink, EpochRange, SinkCommit, describe, rejected_sink
-from sluice.sources import FileSource
+from sluice.sources import source_for
 from sluice.spark import is_connect
 from sluice.spec import PipelineSpec, SinkSpec
 from sluice.store import Epoch, EpochLog, Group, Lease
@@ -195,7 +195,7 @@ class GroupRunner:
         self.spec = spec
         self.log = epoch_log
         self.spark = spark
-        self.source = FileSource(spec, epoch_log)
+        self.source = source_for(spec, epoch_log)
         self.sinks = [DeltaSink(spec.name, s, spec.partitioning) for s in spec.sinks]
         self.rejected = rejected_sink(spec.name, spec.rejected_table)
         self.transform = load_transform(spec.transform)

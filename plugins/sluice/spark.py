@@ -147,10 +147,10 @@ def start_connect_server(log_path: Path, master: str = "local[2]", port: int | N
     ``sc://`` URL. Raises with the log's tail if it exits or does not listen in time."""
     import socket
 
-    if port is None:  # a free port on loopback
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
+    from sluice.net import free_port
+
+    if port is None:
+        port = free_port()
     with open(log_path, "wb") as out:
         proc = subprocess.Popen(connect_server_command(master, port), stdout=out, stderr=subprocess.STDOUT,
                                 start_new_session=True)

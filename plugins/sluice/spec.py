@@ -10,10 +10,10 @@ import os
 import re
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError, field_validator, model_validator
 
 from sluice.errors import SpecError
 from sluice.paths import data_dir, pipelines_dir, project_root
@@ -26,16 +26,14 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-class SourceSpec(_Strict):
-    type: Literal["files"] = "files"
-    path: str = Field(description="landing folder")
-    format: Literal["json", "csv", "parquet"] = "json"
-    pattern: str = Field("*", description="glob of file names to pick up in the folder")
+class _RecordsSpec(_Strict):
+    """What every source's records must look like: the schema they parse into and the checks
+    that send a record to ``_rejected``."""
+
     schema_: dict[str, str] = Field(alias="schema", description="field -> Spark SQL type")
     required: list[str] = Field(default_factory=list, description="fields that must not be null")
     checks: dict[str, str] = Field(default_factory=dict,
                                    description="rule name -> SQL boolean expression a valid record satisfies")
-    csv_header: bool = True
     max_record_bytes: int = Field(1024 * 1024, ge=1, description="a longer record (line) goes to _rejected with "
                                                                  "its size; only its first KiB is kept")
 
@@ -50,11 +48,47 @@ class SourceSpec(_Strict):
         return value
 
     @model_validator(mode="after")
-    def _required_known(self) -> SourceSpec:
+    def _required_known(self) -> _RecordsSpec:
         unknown = [f for f in self.required if f not in self.schema_]
         if unknown:
             raise ValueError(f"required fields {unknown} are not in the schema")
         return self
+
+
+class SourceSpec(_RecordsSpec):
+    """A landing folder of files."""
+
+    type: Literal["files"] = "files"
+    path: str = Field(description="landing folder")
+    format: Literal["json", "csv", "parquet"] = "json"
+    pattern: str = Field("*", description="glob of file names to pick up in the folder")
+    csv_header: bool = True
+
+
+class KafkaSourceSpec(_RecordsSpec):
+    """A Kafka topic of JSON records (one per message value)."""
+
+    type: Literal["kafka"]
+    bootstrap_servers: str = Field(description="host:port[,host:port...] of the brokers")
+    topic: str = Field(pattern=r"^[A-Za-z0-9._-]{1,249}$")
+    format: Literal["json"] = "json"
+    chunk_records: int = Field(
+        10_000, ge=1, le=10_000_000,
+        description="new records of a partition are registered in chunks of at most this many; an epoch is a "
+                    "whole number of chunks (control.epoch_files of them, at most control.epoch_max_records)")
+    fail_on_data_loss: bool = Field(
+        True, description="records deleted by retention before sluice registered them stop the pipeline with an "
+                          "error naming the partition and offsets; false: log it and go on from the earliest "
+                          "offset still held")
+    options: dict[str, str] = Field(default_factory=dict,
+                                    description="more Kafka client settings (security.protocol, sasl.*, ...) for "
+                                                "sluice's own client and, prefixed with kafka., Spark's")
+
+
+def _source_kind(value: Any) -> str:
+    """A source's ``type`` (``files`` when left out, as specs before Kafka did)."""
+    kind = value.get("type") if isinstance(value, dict) else getattr(value, "type", None)
+    return kind or "files"
 
 
 class SinkSpec(_Strict):
@@ -83,6 +117,9 @@ class ControlSpec(_Strict):
     adaptive: bool = Field(False, description="size epochs (DyBBS) and groups (Drizzle AIMD) from measurements; "
                                               "false: the fixed sizes below")
     epoch_files: int = Field(4, ge=1, le=100_000, description="epoch size, in source files (the start, if adaptive)")
+    epoch_max_records: int | None = Field(
+        None, ge=1, description="Kafka: bound an epoch in records (as maxOffsetsPerTrigger does); it ends before "
+                                "the chunk that would take it past the bound; null: chunks only")
     epoch_max_bytes: int | None = Field(
         None, ge=1, description="bound an epoch in bytes as well as files (a number of bytes, or with a unit: "
                                 "512MiB, 2GB): it ends before the file that would take it past the bound, and a "
@@ -137,9 +174,14 @@ class SparkSpec(_Strict):
 class PipelineSpec(_Strict):
     name: str = Field(pattern=NAME)
     description: str = ""
-    schedule: str | None = "@continuous"
+    schedule: str | None = Field(
+        "@continuous", description="@continuous: a DAG run always waits for data (its sensor deferred to the "
+                                   "triggerer); @backlog: event-driven, a run is created only when the backlog "
+                                   "trigger fires (an Asset watcher), so none waits; a cron expression or preset: "
+                                   "scheduled runs that take whatever is there; null: manual runs only")
     start_date: str = "2026-01-01"
-    source: SourceSpec
+    source: Annotated[Annotated[SourceSpec, Tag("files")] | Annotated[KafkaSourceSpec, Tag("kafka")],
+                      Discriminator(_source_kind)]
     transform: str = Field(pattern=r"^[a-z_][a-z0-9_]*(\.[a-z_][a-z0-9_]*)+$",
                            description="module.function in jobs/transforms, or package.module.function")
     reference: dict[str, str] = Field(default_factory=dict, description="name -> CSV file")
@@ -174,6 +216,12 @@ class PipelineSpec(_Strict):
         if isinstance(level, int) and level > 1 and stateful:
             raise ValueError(f"control.concurrent_epochs: {level} needs independent epochs, but sink(s) "
                              f"{stateful} merge into state (epoch e+1 depends on e); use 1 or auto")
+        if isinstance(self.source, KafkaSourceSpec) and self.control.epoch_max_bytes is not None:
+            raise ValueError("control.epoch_max_bytes bounds files; a Kafka source's epochs are bounded in records "
+                             "(control.epoch_max_records)")
+        if not isinstance(self.source, KafkaSourceSpec) and self.control.epoch_max_records is not None:
+            raise ValueError("control.epoch_max_records is for a Kafka source; bound files with "
+                             "control.epoch_max_bytes")
         if isinstance(level, int) and level < 1:
             raise ValueError(f"control.concurrent_epochs must be >= 1 or 'auto' (got {level})")
         return self
@@ -187,8 +235,23 @@ class PipelineSpec(_Strict):
         return epoch_dependency(s.mode for s in self.sinks) == "independent"
 
     @property
+    def data_driven(self) -> bool:
+        """Whether the backlog and the freshness SLA decide when a group starts (``@continuous``,
+        ``@backlog``), rather than a clock or an operator."""
+        return self.schedule in ("@continuous", "@backlog")
+
+    @property
     def landing_dir(self) -> Path:
+        if not isinstance(self.source, SourceSpec):
+            raise SpecError(f"pipeline {self.name!r} reads the Kafka topic {self.source.topic!r}, not a landing folder")
         return Path(self.source.path)
+
+    @property
+    def epoch_size_bound(self) -> int | None:
+        """The bound on an epoch's summed manifest sizes: bytes of files, records of Kafka chunks."""
+        if isinstance(self.source, KafkaSourceSpec):
+            return self.control.epoch_max_records
+        return self.control.epoch_max_bytes
 
     @property
     def rejected_table(self) -> str:
@@ -265,6 +328,13 @@ def _relative_to_project(path: str) -> str:
     return str(p if p.is_absolute() else project_root() / p)
 
 
+def _field(loc: tuple[Any, ...]) -> str:
+    """A validation error's field as the YAML names it (``source.schema``, not pydantic's
+    ``source.files.schema`` with the source's type tag in it)."""
+    parts = [str(p) for i, p in enumerate(loc) if not (i and loc[i - 1] == "source" and p in ("files", "kafka"))]
+    return ".".join(parts)
+
+
 def load_spec(path: str | Path) -> PipelineSpec:
     """Parse and validate one spec file; raise ``SpecError`` naming the file and the field."""
     path = Path(path)
@@ -285,13 +355,12 @@ def load_spec(path: str | Path) -> PipelineSpec:
     try:
         spec = PipelineSpec.model_validate(raw)
     except ValidationError as exc:
-        problems = "; ".join(
-            f"{'.'.join(str(p) for p in err['loc']) or '<top>'}: {err['msg']}" for err in exc.errors()
-        )
+        problems = "; ".join(f"{_field(err['loc']) or '<top>'}: {err['msg']}" for err in exc.errors())
         raise SpecError(f"{path}: invalid pipeline spec: {problems}") from None
     if spec.name != path.stem:
         raise SpecError(f"{path}: name: {spec.name!r} must match the file name {path.stem!r}")
-    fixed_source = spec.source.model_copy(update={"path": _relative_to_project(spec.source.path)})
+    fixed_source = (spec.source.model_copy(update={"path": _relative_to_project(spec.source.path)})
+                    if isinstance(spec.source, SourceSpec) else spec.source)
     fixed_sinks = [s.model_copy(update={"path": _relative_to_project(s.path),
                                         "expectations": s.expectations and _relative_to_project(s.expectations)})
                    for s in spec.sinks]

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -27,14 +26,10 @@ from typing import Any, TypeVar
 import httpx
 import psutil
 
+from sluice.net import free_port
+
 MARKER = "SLUICE_STANDALONE_ID"
 T = TypeVar("T")
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @dataclass

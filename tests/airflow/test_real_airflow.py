@@ -41,6 +41,7 @@ pytestmark = pytest.mark.postgres
 CONTINUOUS = "real_af_continuous"
 CRON = "real_af_cron"
 BACKFILL = "real_af_backfill"
+EVENT = "real_af_event"
 TRIGGER = "sluice.airflow.triggers.BacklogTrigger"
 GROUP_TASKS = ("wait_for_backlog", "plan_group", "run_group", "validate", "checkpoint")
 #: Landing days of the backfill pipeline's files (two files a day, one epoch each).
@@ -93,7 +94,14 @@ def databases(postgres) -> Iterator[dict[str, str]]:
 
 
 @pytest.fixture(scope="module")
-def server(pipelines, databases, tmp_path_factory) -> Iterator[standalone.Server]:
+def event_pipeline() -> PipelineSpec:
+    """An event-driven pipeline (``schedule: "@backlog"``), written before the server starts."""
+    return make_pipeline(EVENT, **{"schedule": "@backlog", "spark.mode": "in_process", "control.epoch_files": 2,
+                                   "control.group_epochs": 2, "control.poll_interval_s": 2})
+
+
+@pytest.fixture(scope="module")
+def server(pipelines, event_pipeline, databases, tmp_path_factory) -> Iterator[standalone.Server]:
     srv = standalone.start(tmp_path_factory.mktemp("standalone") / "airflow", extra_env=databases)
     try:
         yield srv
@@ -383,3 +391,34 @@ def test_backfill_recomputes_the_epochs_that_arrived_in_its_intervals(pipelines,
             assert_matches_oracle(spark, backfill, log)
         standalone.set_paused(client, BACKFILL, True)
     log.close()
+
+
+def test_an_event_driven_pipeline_gets_a_run_only_when_data_comes(event_pipeline, server, spark):
+    """``schedule: "@backlog"``: the DAG is scheduled on an Asset whose watcher runs the backlog
+    trigger in the real triggerer. No data, no run (none sits waiting); data lands, exactly one
+    run is created, and it publishes the data (oracle-equal); no second run for the same data."""
+    spec = event_pipeline
+    with server.client() as client, dump_on_failure(server, (EVENT,)):
+        standalone.wait_healthy(server, client, timeout=180)
+        standalone.wait_for_dag(server, client, EVENT, timeout=120)
+        standalone.set_paused(client, EVENT, False)
+        time.sleep(15)  # the watcher polls an empty folder every 2 s
+        assert standalone.dag_runs(client, EVENT) == [], "a run was created without data"
+
+        land_atomically(spec, files=4, seed=21, prefix="event")
+        run = standalone.wait_for_run(server, client, EVENT, 0, timeout=90)
+        assert run["run_type"] == "asset_triggered", run
+        states = standalone.wait_for_run_state(server, client, EVENT, run["dag_run_id"], timeout=240)
+        assert all(states[t] == "success" for t in GROUP_TASKS), states
+        assert_group_published(server, client, EVENT, run["dag_run_id"], group_id=0, epoch_ids=[0, 1])
+        log = EpochLog()
+        assert_matches_oracle(spark, spec, log)
+        time.sleep(15)  # a few more polls: the data is published, nothing is due
+        assert len(standalone.dag_runs(client, EVENT)) == 1, standalone.dag_runs(client, EVENT)
+
+        land_atomically(spec, files=4, seed=22, prefix="event2")  # more data: one more run
+        second = standalone.wait_for_run(server, client, EVENT, 1, timeout=90)
+        states = standalone.wait_for_run_state(server, client, EVENT, second["dag_run_id"], timeout=240)
+        assert all(states[t] == "success" for t in GROUP_TASKS), states
+        assert_matches_oracle(spark, spec, log)
+        assert len(standalone.dag_runs(client, EVENT)) == 2

@@ -209,7 +209,7 @@ def test_check_retained_replaced_by_folder(source, landing):
 def test_range_beyond_manifest_is_an_incomplete_store(source, landing):
     land(landing, "f0.json", T0)
     source.discover()
-    with pytest.raises(SourceError, match=r"manifest holds 1 files for offsets \[0, 3\)"):
+    with pytest.raises(SourceError, match=r"manifest holds 1 entries for offsets \[0, 3\)"):
         source.check_retained(0, 3)
 
 

@@ -62,15 +62,17 @@ def spec_error(path: Path) -> str:
 def test_shipped_specs_load():
     specs, errors = load_pipeline_specs(SHIPPED)
     assert not errors
-    assert {"ysb", "ysb_clean"} <= set(specs)
+    assert {"ysb", "ysb_clean", "ysb_kafka"} <= set(specs)
     for name, spec in specs.items():
         assert isinstance(spec, PipelineSpec)
         assert spec.name == name
         assert Path(spec.path) == SHIPPED / f"{name}.yaml"
-        assert Path(spec.source.path).is_absolute()
+        if spec.source.type == "files":
+            assert Path(spec.source.path).is_absolute() and "${" not in spec.source.path
+        else:
+            assert "${" not in spec.source.bootstrap_servers
         assert all(Path(s.path).is_absolute() for s in spec.sinks)
         assert all(Path(p).is_absolute() for p in spec.reference.values())
-        assert "${" not in spec.source.path
 
 
 def test_shipped_ysb_spec_values():

@@ -18,7 +18,7 @@ from typing import Any
 import pendulum
 from airflow.providers.standard.operators.python import ShortCircuitOperator
 from airflow.providers.standard.operators.trigger_dagrun import TriggerDagRunOperator
-from airflow.sdk import DAG, Param
+from airflow.sdk import DAG, Asset, AssetWatcher, Param
 
 from sluice.airflow.operators import (
     TABLE_CHANGES,
@@ -33,6 +33,7 @@ from sluice.airflow.operators import (
     sink_asset,
 )
 from sluice.airflow.sensors import BacklogSensor
+from sluice.airflow.triggers import BacklogEventTrigger
 from sluice.paths import jars_dir, project_root
 from sluice.protocol import LeaseOwner
 from sluice.spark import JAR_NAMES, RUN_ONCE_JAVA_OPTIONS, remote_url, spark_conf
@@ -42,6 +43,15 @@ from sluice.spec import PipelineSpec
 def _more_to_drain(ti: Any, params: dict[str, Any]) -> bool:
     """Continue with another DAG run (another group) while draining and data is left."""
     return bool(params["drain"]) and ti.xcom_pull(task_ids="checkpoint")["backlog"]["files"] > 0
+
+
+def backlog_asset(spec: PipelineSpec) -> Asset:
+    """What a ``@backlog`` pipeline's DAG is scheduled on: an Asset standing for its source's
+    backlog, watched by ``BacklogEventTrigger`` in the triggerer."""
+    trigger = BacklogEventTrigger(spec.name, spec.name, poll_interval=spec.control.poll_interval_s,
+                                  settle_s=max(120.0, 10 * spec.control.poll_interval_s))
+    return Asset(name=f"sluice/{spec.name}/backlog", uri=f"sluice://{spec.name}/backlog", group="sluice",
+                 watchers=[AssetWatcher(name=f"sluice_{spec.name}_backlog", trigger=trigger)])
 
 
 def build_dag(spec: PipelineSpec) -> DAG:
@@ -56,7 +66,7 @@ def build_dag(spec: PipelineSpec) -> DAG:
     dag = DAG(
         dag_id=spec.name,
         description=spec.description or f"sluice pipeline {spec.name}",
-        schedule=spec.schedule,
+        schedule=[backlog_asset(spec)] if spec.schedule == "@backlog" else spec.schedule,
         start_date=pendulum.parse(spec.start_date, tz="UTC"),
         catchup=False,
         max_active_runs=1,
@@ -69,7 +79,8 @@ def build_dag(spec: PipelineSpec) -> DAG:
     with dag:
         # @continuous: wait as long as the spec allows (a timed-out wait skips the run, and
         # the next run starts waiting). A scheduled run that finds nothing skips after one
-        # poll instead, so it never blocks the next scheduled run (max_active_runs=1).
+        # poll instead, so it never blocks the next scheduled run (max_active_runs=1); so does
+        # a run the backlog event created (@backlog: the trigger already waited).
         continuous = spec.schedule == "@continuous"
         wait = BacklogSensor(task_id="wait_for_backlog", pipeline=spec.name, continuous=continuous,
                              deferrable=spec.control.sensor_mode == "deferrable",

@@ -1,17 +1,22 @@
-"""``BacklogTrigger``: waits, in the triggerer, until a pipeline's next group should start."""
+"""The backlog triggers, in the triggerer: ``BacklogTrigger`` waits until a pipeline's next group
+should start (the deferred sensor of a ``@continuous`` DAG run); ``BacklogEventTrigger`` creates
+the DAG run itself then (``schedule: "@backlog"``, event-driven scheduling)."""
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import AsyncIterator
 from typing import Any
 
-from airflow.triggers.base import BaseTrigger, TriggerEvent
+from airflow.triggers.base import BaseEventTrigger, BaseTrigger, TriggerEvent
 from sqlalchemy import make_url
 
 from sluice import adaptive, protocol
 from sluice.store import EpochLog
+
+log = logging.getLogger(__name__)
 
 
 def check_backlog(pipeline: str, store_url: str | None, min_files: int = 1, epoch_log: EpochLog | None = None,
@@ -23,7 +28,7 @@ def check_backlog(pipeline: str, store_url: str | None, min_files: int = 1, epoc
     (epoch size, k, partitions, reason) comes from the adaptive controllers
     (``sluice.adaptive``). Blocking (file listing, SQL): the trigger runs it in a thread.
     """
-    from sluice.sources import FileSource
+    from sluice.sources import source_for
     from sluice.spec import get_spec
 
     spec = get_spec(pipeline)
@@ -31,10 +36,8 @@ def check_backlog(pipeline: str, store_url: str | None, min_files: int = 1, epoc
     try:
         if log.halt_reason(spec.name, spec.control.max_attempts):
             return None  # a halted pipeline waits for an operator (recover, skip a file, roll back)
-        source = FileSource(spec, log)
-        listing = source.list_folder()
-        backlog = source.backlog(listing)
-        verdict = adaptive.decide(spec, log, backlog.files, backlog.oldest_age_s, [f[2] for f in listing],
+        backlog = source_for(spec, log).backlog()
+        verdict = adaptive.decide(spec, log, backlog.files, backlog.oldest_age_s, list(backlog.arrivals),
                                   continuous=continuous)
         if backlog.files >= min_files and verdict.fire is not None:
             return {"backlog": backlog.as_dict(), "plan": verdict.plan()}
@@ -130,6 +133,83 @@ class BacklogTrigger(BaseTrigger):
                         yield TriggerEvent({"status": "give_way", "pipeline": self.pipeline, "queued": queued,
                                             "waited_s": waited, "polls": polls})
                         return
+                await asyncio.sleep(self.poll_interval)
+        finally:
+            epoch_log.close()
+
+
+def active_runs(dag_id: str) -> int | None:
+    """Runs of ``dag_id`` queued or running, asked through the Task SDK; None when Airflow
+    cannot be asked (then the caller relies on its own memory of what it fired)."""
+    try:
+        from airflow.sdk.execution_time.task_runner import RuntimeTaskInstance
+
+        return int(RuntimeTaskInstance.get_dr_count(dag_id=dag_id, states=["queued", "running"]))
+    except Exception:
+        return None
+
+
+def should_fire(ready: bool, active: int | None, next_offset: int, fired: tuple[int, float] | None, now: float,
+                settle_s: float) -> bool:
+    """Whether the event trigger creates a run now: data is ready, no run of the DAG is queued
+    or running, and it did not fire for this same backlog (the same next unplanned offset) within
+    ``settle_s``: a run it created may not be visible yet (the scheduler creates it a moment
+    after the event), and until that run plans a group the backlog looks the same. A run that
+    died before planning is retried once ``settle_s`` has passed."""
+    if not ready or (active or 0) > 0:
+        return False
+    return fired is None or fired[0] != next_offset or now - fired[1] >= settle_s
+
+
+class BacklogEventTrigger(BaseEventTrigger):
+    """The backlog trigger as an event source: a pipeline with ``schedule: "@backlog"`` is
+    scheduled on an Asset whose ``AssetWatcher`` runs this trigger in the triggerer, so a DAG
+    run is created only when a group should start (``check_backlog``, the ``@continuous``
+    rules) and no run sits waiting for data.
+
+    It runs for as long as the DAG is active and fires at most once per backlog: not while a
+    run of the DAG is queued or running, and not twice for the same unplanned offset within
+    ``settle_s``. Its kwargs are part of the serialized DAG, so it carries no store URL: it
+    resolves the store in the triggerer (``$SLUICE_STORE_URL`` or the ``sluice_store``
+    connection). A poll that fails is logged and retried: an event would start a run that
+    fails the same way, and the error shows in the triggerer's log and the control API.
+    """
+
+    def __init__(self, pipeline: str, dag_id: str, poll_interval: float = 5.0, settle_s: float = 120.0) -> None:
+        super().__init__()
+        self.pipeline = pipeline
+        self.dag_id = dag_id
+        self.poll_interval = poll_interval
+        self.settle_s = settle_s
+
+    def serialize(self) -> tuple[str, dict[str, Any]]:
+        return ("sluice.airflow.triggers.BacklogEventTrigger",
+                {"pipeline": self.pipeline, "dag_id": self.dag_id, "poll_interval": self.poll_interval,
+                 "settle_s": self.settle_s})
+
+    async def run(self) -> AsyncIterator[TriggerEvent]:
+        fired: tuple[int, float] | None = None
+        reported: str | None = None
+        epoch_log = await asyncio.to_thread(EpochLog)
+        try:
+            while True:
+                try:
+                    ready = await asyncio.to_thread(check_backlog, self.pipeline, None, 1, epoch_log, True)
+                    reported = None
+                except Exception as exc:
+                    message = f"{type(exc).__name__}: {exc}"
+                    if message != reported:  # once per distinct error, not at every poll
+                        log.error("pipeline %s: the backlog poll failed (retrying every %.0f s): %s",
+                                  self.pipeline, self.poll_interval, message)
+                        reported = message
+                    ready = None
+                if ready is not None:
+                    offset = int(ready["backlog"]["next_offset"])
+                    active = await asyncio.to_thread(active_runs, self.dag_id)
+                    now = time.monotonic()
+                    if should_fire(True, active, offset, fired, now, self.settle_s):
+                        fired = (offset, now)
+                        yield TriggerEvent({"pipeline": self.pipeline, **ready})
                 await asyncio.sleep(self.poll_interval)
         finally:
             epoch_log.close()

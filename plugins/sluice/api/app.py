@@ -22,7 +22,7 @@ from fastapi import Depends, FastAPI, HTTPException, Request
 
 from sluice.errors import SluiceError
 from sluice.spec import get_spec, load_pipeline_specs
-from sluice.store import EpochLog
+from sluice.store import Epoch, EpochLog, ManifestEntry
 
 app = FastAPI(title="sluice epoch log")
 
@@ -51,19 +51,28 @@ def pipelines(request: Request, user: GetUserDep) -> list[dict[str, Any]]:
 @app.get("/pipelines/{dag_id}/epochs", dependencies=CAN_READ)
 def epochs(dag_id: str) -> list[dict[str, Any]]:
     name = dag_id  # a pipeline's DAG id is its name
+    from sluice.sources import source_for
+
     try:
-        get_spec(name)
+        spec = get_spec(name)
     except SluiceError as exc:
         raise HTTPException(status_code=404, detail=str(exc)) from None
     log = EpochLog()
     try:
         history = log.epoch_history(name)
         end = max((e.end for e in history), default=0)
-        files = {f.position: f.as_record() for f in log.manifest(name, 0, end)}
+        entries = {f.position: f for f in log.manifest(name, 0, end)}
         current = log.generation(name)
+        source = source_for(spec, log)
+
+        def held(e: Epoch) -> list[ManifestEntry]:
+            return [entries[p] for p in range(e.start, e.end) if p in entries]
+
+        # ``files``: the manifest entries (files, or Kafka chunks); ``offsets``: what they hold in
+        # the source's terms (per-partition Kafka offsets).
         return [dict(e.as_record(), generation=e.written_generation, live_generation=e.generation,
                      live=e.generation == current and e.state != "rolled_back",
-                     files=[files[p] for p in range(e.start, e.end) if p in files])
+                     files=[f.as_record() for f in held(e)], offsets=source.describe(held(e)))
                 for e in history]
     finally:
         log.close()
@@ -73,7 +82,7 @@ def epochs(dag_id: str) -> list[dict[str, Any]]:
 def control(dag_id: str) -> dict[str, Any]:
     name = dag_id  # a pipeline's DAG id is its name
     from sluice import adaptive
-    from sluice.sources import FileSource
+    from sluice.sources import source_for
 
     try:
         spec = get_spec(name)
@@ -81,11 +90,9 @@ def control(dag_id: str) -> dict[str, Any]:
         raise HTTPException(status_code=404, detail=str(exc)) from None
     log = EpochLog()
     try:
-        source = FileSource(spec, log)
-        listing = source.list_folder()
-        backlog = source.backlog(listing)
-        verdict = adaptive.decide(spec, log, backlog.files, backlog.oldest_age_s, [f[2] for f in listing],
-                                  continuous=spec.schedule == "@continuous")
+        backlog = source_for(spec, log).backlog()
+        verdict = adaptive.decide(spec, log, backlog.files, backlog.oldest_age_s, list(backlog.arrivals),
+                                  continuous=spec.data_driven)
         halted = log.halt_reason(name, spec.control.max_attempts)
         # A halted pipeline's sensor does not fire, whatever the controllers would plan.
         return {"pipeline": name, "adaptive": spec.control.adaptive, "backlog": backlog.as_dict(),

@@ -1,3 +1,4 @@
-from sluice.sources.files import Backlog, FileSource
+from sluice.sources.base import Backlog, Source, source_for
+from sluice.sources.files import FileSource
 
-__all__ = ["Backlog", "FileSource"]
+__all__ = ["Backlog", "FileSource", "Source", "source_for"]

@@ -15,10 +15,10 @@ import os
 import re
 import shutil
 import time
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from sluice.errors import SourceError
+from sluice.sources.base import Backlog, Source
 from sluice.spec import PipelineSpec
 from sluice.store import EpochLog, ManifestEntry
 
@@ -42,25 +42,9 @@ SKIP_HINT = ("Put the file back as it was, or skip it on purpose (recorded): tri
              "or `make skip-file PIPELINE=<name> FILE=<path> REASON=<why>`")
 
 
-@dataclass(frozen=True)
-class Backlog:
-    """What waits at the source: unplanned files, their bytes and the age of the oldest."""
-
-    files: int
-    bytes: int
-    oldest_age_s: float | None
-    next_offset: int
-    refused: tuple[str, ...] = field(default=())  # why landed entries are not read (see list_folder)
-
-    def as_dict(self) -> dict[str, float | int | None | list[str]]:
-        return {"files": self.files, "bytes": self.bytes, "oldest_age_s": self.oldest_age_s,
-                "next_offset": self.next_offset, "refused": list(self.refused)}
-
-
-class FileSource:
+class FileSource(Source):
     def __init__(self, spec: PipelineSpec, log: EpochLog) -> None:
-        self.spec = spec
-        self.log = log
+        super().__init__(spec, log)
         self.folder = spec.landing_dir
         self.refused: list[str] = []  # of the last listing: symbolic links leading out of the folder
 
@@ -167,27 +151,25 @@ class FileSource:
         """
         next_offset = self.log.next_offset(self.spec.name)
         pending = self.log.manifest(self.spec.name, start=next_offset)
-        new, _ = self._unseen(self.list_folder() if listing is None else listing)
+        listing = self.list_folder() if listing is None else listing
+        new, _ = self._unseen(listing)
         sizes = [e.size for e in pending] + [f[1] for f in new]
         mtimes = [e.mtime for e in pending] + [f[2] for f in new]
         oldest = time.time() - min(mtimes) if mtimes else None
         return Backlog(files=len(sizes), bytes=sum(sizes), oldest_age_s=oldest, next_offset=next_offset,
-                       refused=tuple(self.refused))
+                       refused=tuple(self.refused), arrivals=tuple(f[2] for f in listing))
+
+    def describe(self, entries: list[ManifestEntry]) -> dict[str, Any]:
+        return {"files": [e.path for e in entries if e.skipped is None],
+                "skipped": [e.path for e in entries if e.skipped is not None]}
 
     # -- ranges ------------------------------------------------------------------------------
-
-    def files(self, start: int, end: int) -> list[ManifestEntry]:
-        entries = self.log.manifest(self.spec.name, start, end)
-        if len(entries) != end - start:
-            raise SourceError(f"pipeline {self.spec.name!r}: manifest holds {len(entries)} files for "
-                              f"offsets [{start}, {end}); the store is incomplete")
-        return entries
 
     def check_retained(self, start: int, end: int) -> list[ManifestEntry]:
         """The files of the range to read: raise ``SourceError`` naming the file unless each is
         still there, readable and unchanged since it was discovered (a rerun must read the same
         records). Files an operator skipped (``sluice_skip_file``) are left out."""
-        entries = [e for e in self.files(start, end) if e.skipped is None]
+        entries = [e for e in self.entries(start, end) if e.skipped is None]
         for entry in entries:
             try:
                 st = os.stat(entry.path)
@@ -272,54 +254,10 @@ class FileSource:
         file). Works on a batch or a streaming read alike."""
         return self.parse_lines(split_lines(files))
 
-    def parse_lines(self, lines: DataFrame) -> DataFrame:
-        """Parse numbered lines (``_file``, a path, ``_line``, ``_text``; an ``_epoch`` is kept),
-        so a bad record's file and line can be reported exactly. A line above
-        ``source.max_record_bytes``, one that is not UTF-8 or (JSON) an array is not parsed at
-        all: it is cut to its first KiB and tagged with its ``_defect``."""
-        from pyspark.sql import functions as F
-
-        source = self.spec.source
-        schema = ", ".join(f"`{k}` {v}" for k, v in source.schema_.items())
-        limit = source.max_record_bytes
-        size = F.octet_length("_text")
-        defect = F.when(size > limit, F.concat(F.lit("record of "), size.cast("string"),
-                                               F.lit(f" bytes exceeds source.max_record_bytes = {limit}")))
-        # Invalid bytes survive a line read as is, but become U+FFFD once a whole file is split.
-        defect = defect.when(~F.is_valid_utf8("_text") | F.col("_text").contains("\ufffd"),
-                             F.lit("not UTF-8 text (a byte sequence that is not valid UTF-8)"))
-        if source.format == "json":
-            defect = defect.when(F.ltrim("_text").startswith("["), F.lit("a JSON array, not an object"))
-        lines = lines.where(F.trim("_text") != "")
-        if source.format == "csv" and source.csv_header:
-            lines = lines.where(F.col("_line") > 1)
-        epoch = ["_epoch"] if "_epoch" in lines.columns else []
-        lines = lines.select("_file", "_line", *epoch, defect.alias("_defect"),
-                             F.when(size > limit, F.substring("_text", 1, RECORD_KEPT_CHARS))
-                             .otherwise(F.col("_text")).alias("_text"))
-        options = {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": "_corrupt_record"}
-        parse = F.from_json if source.format == "json" else F.from_csv
-        parsed = lines.select(
-            "_file", "_line", *epoch, "_text", "_defect",
-            parse(F.when(F.col("_defect").isNull(), F.col("_text")), f"{schema}, _corrupt_record string",
-                  options).alias("_r"),
-        )
-        return parsed.select(
-            *[F.col(f"_r.`{c}`").alias(c) for c in source.schema_],
-            "_file",
-            "_line",
-            # from_json yields a NULL struct for text that is not a JSON object at all.
-            F.when(F.col("_r").isNull(), F.col("_text"))
-            .otherwise(F.col("_r._corrupt_record")).alias("_corrupt_record"),
-            "_defect",
-            *epoch,
-        )
 
 
 #: Files up to this size are read whole and split into lines; larger ones line by line.
 WHOLE_FILE_MAX_BYTES = 8 * 1024 * 1024
-#: How much of a record above ``source.max_record_bytes`` is kept in ``_rejected``.
-RECORD_KEPT_CHARS = 1024
 
 
 def file_name(uri: Column) -> Column:

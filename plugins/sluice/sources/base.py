@@ -1,0 +1,153 @@
+"""What a source is to sluice: an append-only stream of data, registered in the epoch store's
+manifest as entries (a file; a chunk of a Kafka partition) whose positions are the offsets an
+epoch's range ``[start, end)`` names. A position never changes once given, so a rerun or a
+rollback recompute reads exactly the same records.
+
+Each source discovers new data (registers entries), reports its backlog, checks that a recorded
+range can still be read (a rollback's precondition), reads ranges into numbered records
+(``_file``, ``_line``, ``_text``: where a record came from, as a file path and line or a
+``kafka://topic/partition`` and offset) and says what a range holds in its own terms
+(``describe``: files, or per-partition Kafka offsets). Parsing the records is shared.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from sluice.spec import PipelineSpec
+from sluice.store import EpochLog, ManifestEntry
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+    from sluice.sinks.delta import EpochRange
+
+#: How much of a record above ``source.max_record_bytes`` is kept in ``_rejected``.
+RECORD_KEPT_CHARS = 1024
+
+
+@dataclass(frozen=True)
+class Backlog:
+    """What waits at the source: unplanned entries (files, or Kafka chunks), their bytes (files)
+    or records (Kafka), and the age of the oldest data."""
+
+    files: int
+    bytes: int
+    oldest_age_s: float | None
+    next_offset: int
+    refused: tuple[str, ...] = field(default=())  # why landed entries are not read (see list_folder)
+    records: int | None = None  # Kafka: the sum of the partitions' lags
+    #: When entries arrived, processed or not (files' modification times, chunks' first records'
+    #: timestamps), for the controllers' arrival rate over a recent window; not in ``as_dict``.
+    arrivals: tuple[float, ...] = field(default=(), repr=False)
+
+    def as_dict(self) -> dict[str, Any]:
+        found: dict[str, Any] = {"files": self.files, "bytes": self.bytes, "oldest_age_s": self.oldest_age_s,
+                                 "next_offset": self.next_offset, "refused": list(self.refused)}
+        if self.records is not None:
+            found["records"] = self.records
+        return found
+
+
+class Source(ABC):
+    """A pipeline's source over the epoch store's manifest."""
+
+    def __init__(self, spec: PipelineSpec, log: EpochLog) -> None:
+        self.spec = spec
+        self.log = log
+
+    @abstractmethod
+    def discover(self) -> int:
+        """Register new data in the manifest; returns the manifest's end offset."""
+
+    @abstractmethod
+    def backlog(self) -> Backlog:
+        """Unplanned data, registered or not. Read-only: the backlog trigger polls it."""
+
+    @abstractmethod
+    def check_retained(self, start: int, end: int) -> list[ManifestEntry]:
+        """The entries of ``[start, end)`` to read (less any skipped on purpose); raise
+        ``SourceError`` naming what is gone unless the source still holds all of it."""
+
+    @abstractmethod
+    def read(self, spark: SparkSession, start: int, end: int) -> DataFrame:
+        """Exactly the records of ``[start, end)``: the spec's schema, ``_file``, ``_line``,
+        ``_corrupt_record`` and ``_defect`` (see ``parse_lines``)."""
+
+    @abstractmethod
+    def read_epochs(self, spark: SparkSession, epochs: list[EpochRange]) -> DataFrame:
+        """``read`` of a group's contiguous epochs in one scan, with each record's ``_epoch``."""
+
+    @abstractmethod
+    def describe(self, entries: list[ManifestEntry]) -> dict[str, Any]:
+        """What manifest entries (an epoch's) hold, in the source's own terms: JSON-able, for the
+        epoch API. From the manifest alone (no call to the source)."""
+
+    def entries(self, start: int, end: int) -> list[ManifestEntry]:
+        from sluice.errors import SourceError
+
+        found = self.log.manifest(self.spec.name, start, end)
+        if len(found) != end - start:
+            raise SourceError(f"pipeline {self.spec.name!r}: the manifest holds {len(found)} entries for "
+                              f"offsets [{start}, {end}); the store is incomplete")
+        return found
+
+    def parse_lines(self, lines: DataFrame) -> DataFrame:
+        """Parse numbered lines (``_file``, a path, ``_line``, ``_text``; an ``_epoch`` is kept),
+        so a bad record's file and line can be reported exactly. A line above
+        ``source.max_record_bytes``, one that is not UTF-8 or (JSON) an array is not parsed at
+        all: it is cut to its first KiB and tagged with its ``_defect``."""
+        from pyspark.sql import functions as F
+
+        source = self.spec.source
+        schema = ", ".join(f"`{k}` {v}" for k, v in source.schema_.items())
+        limit = source.max_record_bytes
+        size = F.octet_length("_text")
+        defect = F.when(size > limit, F.concat(F.lit("record of "), size.cast("string"),
+                                               F.lit(f" bytes exceeds source.max_record_bytes = {limit}")))
+        # Invalid bytes survive a line read as is, but become U+FFFD once a whole file is split.
+        defect = defect.when(~F.is_valid_utf8("_text") | F.col("_text").contains("\ufffd"),
+                             F.lit("not UTF-8 text (a byte sequence that is not valid UTF-8)"))
+        if source.format == "json":
+            defect = defect.when(F.ltrim("_text").startswith("["), F.lit("a JSON array, not an object"))
+        lines = lines.where(F.trim("_text") != "")
+        if source.format == "csv" and source.csv_header:
+            lines = lines.where(F.col("_line") > 1)
+        epoch = ["_epoch"] if "_epoch" in lines.columns else []
+        lines = lines.select("_file", "_line", *epoch, defect.alias("_defect"),
+                             F.when(size > limit, F.substring("_text", 1, RECORD_KEPT_CHARS))
+                             .otherwise(F.col("_text")).alias("_text"))
+        options = {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": "_corrupt_record"}
+        parse = F.from_json if source.format == "json" else F.from_csv
+        parsed = lines.select(
+            "_file", "_line", *epoch, "_text", "_defect",
+            parse(F.when(F.col("_defect").isNull(), F.col("_text")), f"{schema}, _corrupt_record string",
+                  options).alias("_r"),
+        )
+        return parsed.select(
+            *[F.col(f"_r.`{c}`").alias(c) for c in source.schema_],
+            "_file",
+            "_line",
+            # from_json yields a NULL struct for text that is not a JSON object at all.
+            F.when(F.col("_r").isNull(), F.col("_text"))
+            .otherwise(F.col("_r._corrupt_record")).alias("_corrupt_record"),
+            "_defect",
+            *epoch,
+        )
+
+
+
+
+def source_for(spec: PipelineSpec, log: EpochLog) -> Source:
+    """The source of ``spec`` (its ``source.type``)."""
+    from sluice.spec import KafkaSourceSpec
+
+    if isinstance(spec.source, KafkaSourceSpec):
+        from sluice.sources.kafka import KafkaSource
+
+        return KafkaSource(spec, log)
+    from sluice.sources.files import FileSource
+
+    return FileSource(spec, log)

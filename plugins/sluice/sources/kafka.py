@@ -1,0 +1,308 @@
+"""``KafkaSource``: a Kafka topic of JSON records as an offset source.
+
+New records are registered in the manifest as *chunks*: at most ``source.chunk_records``
+consecutive offsets of one partition, ``kafka://<topic>/<partition>/<start>-<end>``, with the
+chunk's record count as its size and its first record's timestamp as its arrival time. Chunks
+are registered oldest first, so an epoch (a range of manifest positions, as for files) is a
+fixed set of per-partition offset ranges, read as a Spark *batch* with exact ``startingOffsets``
+and ``endingOffsets``: a rerun or a recompute reads exactly the same records. Partitions added
+to the topic are picked up at the next discovery, from their earliest offset.
+
+Kafka deletes old records by retention. A range whose records are gone cannot be read again:
+``check_retained`` refuses it (and with it a rollback or backfill that would need it), naming
+the partition and offsets. Records deleted before sluice registered them stop the pipeline
+(``source.fail_on_data_loss``), as Structured Streaming's ``failOnDataLoss`` does.
+
+sluice's own client (discovery, backlog, retention checks) is confluent-kafka; it never joins a
+consumer group or commits offsets: the epoch store holds the offsets.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import re
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from sluice.errors import SourceError
+from sluice.sources.base import Backlog, Source
+from sluice.spec import KafkaSourceSpec, PipelineSpec
+from sluice.store import EpochLog, ManifestEntry
+
+if TYPE_CHECKING:
+    from confluent_kafka import Consumer
+    from pyspark.sql import Column, DataFrame, SparkSession
+
+    from sluice.sinks.delta import EpochRange
+
+log = logging.getLogger(__name__)
+
+_CHUNK = re.compile(r"^kafka://(?P<topic>[^/]+)/(?P<partition>\d+)/(?P<start>\d+)-(?P<end>\d+)$")
+#: How long sluice's client waits for the broker before it reports the source unreachable.
+TIMEOUT_S = 15.0
+#: Recent chunks whose arrival times feed the controllers' arrival rate.
+RECENT_CHUNKS = 500
+
+SKIP_HINT = ("Skip the chunk on purpose (recorded): trigger the sluice_skip_file DAG with FILE=<the kafka:// "
+             "path above>, or `make skip-file PIPELINE=<name> FILE=<path> REASON=<why>`")
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """Offsets ``[start, end)`` of one partition: one manifest entry."""
+
+    topic: str
+    partition: int
+    start: int
+    end: int
+
+    @classmethod
+    def parse(cls, path: str) -> Chunk:
+        match = _CHUNK.match(path)
+        if match is None:
+            raise SourceError(f"{path!r} is not a Kafka chunk (kafka://<topic>/<partition>/<start>-<end>)")
+        return cls(match["topic"], int(match["partition"]), int(match["start"]), int(match["end"]))
+
+    @property
+    def path(self) -> str:
+        return f"kafka://{self.topic}/{self.partition}/{self.start}-{self.end}"
+
+
+def chunk_ranges(start: int, end: int, size: int) -> list[tuple[int, int]]:
+    """``[start, end)`` cut into consecutive ranges of at most ``size`` offsets."""
+    return [(a, min(a + size, end)) for a in range(start, end, size)]
+
+
+def partition_ranges(chunks: list[Chunk]) -> dict[int, tuple[int, int]]:
+    """Per partition, the offsets from the first chunk's start to the last one's end."""
+    found: dict[int, tuple[int, int]] = {}
+    for c in chunks:
+        low, high = found.get(c.partition, (c.start, c.end))
+        found[c.partition] = (min(low, c.start), max(high, c.end))
+    return found
+
+
+def merge_adjacent(chunks: list[tuple[Chunk, Any]]) -> list[tuple[Chunk, Any]]:
+    """Consecutive chunks of one partition with the same tag (epoch) as one range: fewer
+    conditions in the Spark plan."""
+    merged: list[tuple[Chunk, Any]] = []
+    for chunk, tag in sorted(chunks, key=lambda ct: (ct[0].partition, ct[0].start)):
+        if merged:
+            last, last_tag = merged[-1]
+            if last.partition == chunk.partition and last.end == chunk.start and last_tag == tag:
+                merged[-1] = (Chunk(last.topic, last.partition, last.start, chunk.end), tag)
+                continue
+        merged.append((chunk, tag))
+    return merged
+
+
+class KafkaSource(Source):
+    def __init__(self, spec: PipelineSpec, log: EpochLog) -> None:
+        super().__init__(spec, log)
+        assert isinstance(spec.source, KafkaSourceSpec)
+        self.kafka: KafkaSourceSpec = spec.source
+        self.topic = spec.source.topic
+
+    # -- the broker --------------------------------------------------------------------------
+
+    @contextmanager
+    def _consumer(self) -> Iterator[Consumer]:
+        from confluent_kafka import Consumer
+
+        consumer = Consumer({"bootstrap.servers": self.kafka.bootstrap_servers, "group.id": f"sluice-{self.spec.name}",
+                             "enable.auto.commit": False, "enable.partition.eof": False,
+                             "socket.timeout.ms": int(TIMEOUT_S * 1000), "log_level": 3, **self.kafka.options})
+        try:
+            yield consumer
+        finally:
+            consumer.close()
+
+    def _where(self) -> str:
+        return f"pipeline {self.spec.name!r}: Kafka topic {self.topic!r} on {self.kafka.bootstrap_servers}"
+
+    def _partitions(self, consumer: Consumer) -> list[int]:
+        from confluent_kafka import KafkaException
+
+        try:
+            metadata = consumer.list_topics(self.topic, timeout=TIMEOUT_S)
+        except KafkaException as exc:
+            raise SourceError(f"{self._where()}: the brokers did not answer: {exc}") from None
+        topic = metadata.topics.get(self.topic)
+        if topic is None or topic.error is not None:
+            raise SourceError(f"{self._where()}: {topic.error if topic else 'no such topic'}")
+        return sorted(topic.partitions)
+
+    def _watermarks(self, consumer: Consumer, partitions: list[int]) -> dict[int, tuple[int, int]]:
+        """Per partition, ``(low, high)``: the earliest offset held and the next to be written."""
+        from confluent_kafka import KafkaException, TopicPartition
+
+        found = {}
+        for p in partitions:
+            try:
+                found[p] = consumer.get_watermark_offsets(TopicPartition(self.topic, p), timeout=TIMEOUT_S)
+            except KafkaException as exc:
+                raise SourceError(f"{self._where()}: offsets of partition {p}: {exc}") from None
+        return found
+
+    def _timestamp(self, consumer: Consumer, partition: int, offset: int) -> float:
+        """The timestamp (epoch seconds) of the first record at or after ``offset``."""
+        from confluent_kafka import TopicPartition
+
+        consumer.assign([TopicPartition(self.topic, partition, offset)])
+        deadline = time.monotonic() + TIMEOUT_S
+        while time.monotonic() < deadline:
+            msg = consumer.poll(1.0)
+            if msg is None or msg.error() is not None:
+                continue
+            if msg.partition() == partition and msg.offset() >= offset:
+                return msg.timestamp()[1] / 1000.0
+        raise SourceError(f"{self._where()}: could not read the record at offset {offset} of partition {partition} "
+                          f"within {TIMEOUT_S:.0f} s")
+
+    def _registered_ends(self) -> dict[int, int]:
+        """Per partition, the end of its last registered chunk."""
+        ends: dict[int, int] = {}
+        for path, _, _ in self.log.known_files(self.spec.name):
+            chunk = Chunk.parse(path)
+            ends[chunk.partition] = max(ends.get(chunk.partition, 0), chunk.end)
+        return ends
+
+    def _unregistered(self, consumer: Consumer, ends: dict[int, int]) -> dict[int, tuple[int, int]]:
+        """Per partition, the offsets written and not registered yet, ``(start, high)``;
+        records retention deleted before they were registered are reported (data loss)."""
+        marks = self._watermarks(consumer, self._partitions(consumer))
+        found = {}
+        for p, (low, high) in marks.items():
+            start = ends.get(p, low)  # a partition never seen: from its earliest record
+            if start < low:
+                lost = (f"{self._where()}: records [{start}, {low}) of partition {p} were deleted (retention) before "
+                        "sluice registered them")
+                if self.kafka.fail_on_data_loss:
+                    raise SourceError(f"{lost}. They cannot be processed. To go on from offset {low}, set "
+                                      "source.fail_on_data_loss: false (the loss is then logged).")
+                log.warning("%s; going on from offset %s (source.fail_on_data_loss: false)", lost, low)
+                start = low
+            if high > start:
+                found[p] = (start, high)
+        return found
+
+    # -- discovery and backlog ---------------------------------------------------------------
+
+    def discover(self) -> int:
+        """Register the records written since the last discovery as chunks, oldest first."""
+        with self._consumer() as consumer:
+            new = []
+            for p, (start, high) in self._unregistered(consumer, self._registered_ends()).items():
+                for a, b in chunk_ranges(start, high, self.kafka.chunk_records):
+                    new.append((Chunk(self.topic, p, a, b).path, b - a, self._timestamp(consumer, p, a)))
+        new.sort(key=lambda chunk: (chunk[2], chunk[0]))
+        return self.log.register_files(self.spec.name, new)
+
+    def backlog(self) -> Backlog:
+        """Chunks registered and not planned, plus the records not registered yet: their count
+        (the sum of the partitions' lags) and the age of the oldest (its timestamp)."""
+        next_offset = self.log.next_offset(self.spec.name)
+        pending = self.log.manifest(self.spec.name, start=next_offset)
+        manifest_end = next_offset + len(pending)
+        recent = self.log.manifest(self.spec.name, start=max(0, manifest_end - RECENT_CHUNKS))
+        with self._consumer() as consumer:
+            unregistered = self._unregistered(consumer, self._registered_ends())
+            first = [self._timestamp(consumer, p, start) for p, (start, _) in unregistered.items()]
+        records = sum(e.size for e in pending) + sum(high - start for start, high in unregistered.values())
+        chunks = len(pending) + sum(math.ceil((high - start) / self.kafka.chunk_records)
+                                    for start, high in unregistered.values())
+        times = [e.mtime for e in pending] + first
+        return Backlog(files=chunks, bytes=0, records=records, next_offset=next_offset,
+                       oldest_age_s=max(0.0, time.time() - min(times)) if times else None,
+                       arrivals=tuple(e.mtime for e in recent) + tuple(first))
+
+    # -- ranges ------------------------------------------------------------------------------
+
+    def describe(self, entries: list[ManifestEntry]) -> dict[str, Any]:
+        chunks = [Chunk.parse(e.path) for e in entries if e.skipped is None]
+        return {"topic": self.topic,
+                "partitions": {str(p): list(r) for p, r in sorted(partition_ranges(chunks).items())},
+                "skipped": [e.path for e in entries if e.skipped is not None]}
+
+    def check_retained(self, start: int, end: int) -> list[ManifestEntry]:
+        """The chunks of ``[start, end)`` (less any skipped on purpose); ``SourceError`` naming
+        the first whose records the topic no longer holds."""
+        entries = [e for e in self.entries(start, end) if e.skipped is None]
+        if not entries:
+            return entries
+        with self._consumer() as consumer:
+            present = set(self._partitions(consumer))
+            chunks = [(e, Chunk.parse(e.path)) for e in entries]
+            marks = self._watermarks(consumer, sorted({c.partition for _, c in chunks} & present))
+        for entry, chunk in chunks:
+            if chunk.partition not in marks:
+                raise SourceError(f"{self._where()}: partition {chunk.partition} of {entry.path} (offset "
+                                  f"{entry.position}) no longer exists. {SKIP_HINT}")
+            low, high = marks[chunk.partition]
+            if chunk.start < low:
+                raise SourceError(
+                    f"{self._where()}: records [{chunk.start}, {chunk.end}) of partition {chunk.partition} "
+                    f"({entry.path}, offset {entry.position}) are no longer in the topic: retention (or a "
+                    "delete-records) moved the "
+                    f"partition's start to {low}. A rerun must read the same records, so this range cannot be read "
+                    f"again. {SKIP_HINT}")
+            if chunk.end > high:
+                raise SourceError(
+                    f"{self._where()}: partition {chunk.partition} ends at offset {high}, before {entry.path} "
+                    f"(offset {entry.position}) ends: was the topic deleted and created again? {SKIP_HINT}")
+        return entries
+
+    def read(self, spark: SparkSession, start: int, end: int) -> DataFrame:
+        return self._read(spark, self.check_retained(start, end), None)
+
+    def read_epochs(self, spark: SparkSession, epochs: list[EpochRange]) -> DataFrame:
+        entries = self.check_retained(epochs[0].start, epochs[-1].end)
+        owner = {e.position: next(epoch.epoch_id for epoch in epochs if epoch.start <= e.position < epoch.end)
+                 for e in entries}
+        return self._read(spark, entries, owner)
+
+    def _read(self, spark: SparkSession, entries: list[ManifestEntry], epoch_of: dict[int, int] | None) -> DataFrame:
+        """The records of the chunks, as numbered lines (``_file`` = ``kafka://topic/partition``,
+        ``_line`` = offset, ``_text`` = the value) parsed like a file's; with ``epoch_of``
+        (manifest position -> epoch), each record's ``_epoch``."""
+        from pyspark.sql import functions as F
+
+        if not entries:  # every chunk of the range was skipped on purpose
+            schema = ", ".join(f"`{k}` {v}" for k, v in self.kafka.schema_.items())
+            empty = spark.createDataFrame(
+                [], f"{schema}, _file string, _line long, _corrupt_record string, _defect string")
+            return empty.withColumn("_epoch", F.lit(None).cast("int")) if epoch_of is not None else empty
+        tagged = merge_adjacent([(Chunk.parse(e.path), epoch_of[e.position] if epoch_of else 0) for e in entries])
+        ranges = partition_ranges([c for c, _ in tagged])
+        options = {
+            "kafka.bootstrap.servers": self.kafka.bootstrap_servers,
+            "assign": json.dumps({self.topic: sorted(ranges)}),
+            "startingOffsets": json.dumps({self.topic: {str(p): r[0] for p, r in ranges.items()}}),
+            "endingOffsets": json.dumps({self.topic: {str(p): r[1] for p, r in ranges.items()}}),
+            "failOnDataLoss": "true",  # checked retained just before: a gap now is a real loss
+            **{f"kafka.{k}": v for k, v in self.kafka.options.items()},
+        }
+        records = spark.read.format("kafka").options(**options).load()
+        # A chunk skipped on purpose leaves a hole in its partition's range: only records inside
+        # a chunk are read. Each gets its chunk's epoch.
+        epoch: Column | None = None
+        for chunk, tag in tagged:
+            inside = (F.col("partition") == chunk.partition) & (F.col("offset") >= chunk.start) & \
+                (F.col("offset") < chunk.end)
+            epoch = (F.when(inside, F.lit(tag)) if epoch is None else epoch.when(inside, F.lit(tag)))
+        assert epoch is not None
+        lines = records.select(
+            F.concat(F.lit(f"kafka://{self.topic}/"), F.col("partition").cast("string")).alias("_file"),
+            F.col("offset").alias("_line"),
+            # A message without a value (a tombstone) holds no record, as a blank line does not.
+            F.coalesce(F.col("value").cast("string"), F.lit("")).alias("_text"),
+            epoch.alias("_epoch"),
+        ).where(F.col("_epoch").isNotNull())
+        if epoch_of is None:
+            lines = lines.drop("_epoch")
+        return self.parse_lines(lines)

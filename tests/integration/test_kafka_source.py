@@ -1,0 +1,160 @@
+"""The Kafka source on a real broker (KRaft, from Maven Central jars; ``include/kafka``), against
+an oracle computed by consuming the topic with a plain Kafka client (confluent-kafka, not
+Spark, not sluice's reader): exactly-once under SIGKILL at each step of the protocol, new
+partitions picked up, a rollback's replay reading the same records, and what retention took
+refused with a message naming the partition and offsets."""
+
+from __future__ import annotations
+
+import pytest
+from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewPartitions
+
+from include.generators.ysb import classify, produce, window_counts
+from sluice import execution, protocol
+from sluice.errors import SourceError
+from sluice.sources import source_for
+from sluice.spec import PipelineSpec
+from sluice.store import EpochLog
+from tests.integration.test_exactly_once import assert_crashed_at, assert_records_complete, kill_at
+from tests.pipelines import make_pipeline, rejected_lines, table_counts
+
+pytestmark = pytest.mark.kafka
+
+
+@pytest.fixture
+def epoch_log():
+    log = EpochLog()
+    yield log
+    log.close()
+
+
+def kafka_pipeline(name: str, broker, **overrides) -> PipelineSpec:
+    return make_pipeline(name, base="ysb_kafka", **{
+        "source.bootstrap_servers": broker.bootstrap, "source.topic": name, "source.chunk_records": 100,
+        "control.epoch_max_records": None, "control.adaptive": False, **overrides})
+
+
+def send(spec: PipelineSpec, broker, *, events: int, seed: int, partitions: int = 3,
+         malformed_fraction: float = 0.03) -> None:
+    produce(broker.bootstrap, spec.source.topic, partitions=partitions, rate=events, duration=1,
+            seed=seed, start_ms=1_767_225_600_000 + 10_000 * seed, malformed_fraction=malformed_fraction,
+            late_fraction=0.05, late_max_s=25)
+
+
+def consume_all(broker, topic: str) -> list[tuple[str, int, bytes]]:
+    """Every record the topic holds now, as ``(kafka://topic/partition, offset, value)``: the
+    oracle's input, read with a plain consumer."""
+    consumer = Consumer({"bootstrap.servers": broker.bootstrap, "group.id": "oracle", "enable.auto.commit": False})
+    try:
+        partitions = sorted(consumer.list_topics(topic, timeout=15).topics[topic].partitions)
+        ends = {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=15) for p in partitions}
+        consumer.assign([TopicPartition(topic, p, low) for p, (low, _) in ends.items()])
+        records, remaining = [], {p for p, (low, high) in ends.items() if high > low}
+        while remaining:
+            msg = consumer.poll(10)
+            assert msg is not None, f"the oracle's consumer got nothing from {topic} (still expected {remaining})"
+            if msg.error():
+                continue
+            p, offset = msg.partition(), msg.offset()
+            if offset < ends[p][1]:
+                records.append((f"kafka://{topic}/{p}", offset, msg.value() or b""))
+            if offset >= ends[p][1] - 1:
+                remaining.discard(p)
+        return records
+    finally:
+        consumer.close()
+
+
+def assert_matches_kafka_oracle(spark, spec: PipelineSpec, epoch_log: EpochLog, broker) -> None:
+    records = consume_all(broker, spec.source.topic)
+    events = list(classify(records))
+    expected = window_counts(events)
+    got = table_counts(spark, spec)
+    assert got == expected, (f"{spec.name}: {sum(1 for k in expected if got.get(k) != expected[k])} windows "
+                             f"differ from the oracle over {len(records)} records")
+    rejected = rejected_lines(spark, spec)
+    assert len(rejected) == len(set(rejected)), f"{spec.name}: a rejected record was written twice"
+    assert set(rejected) == {(where, n) for where, n, event in events if event is None}
+    summary = epoch_log.summary(spec.name)  # raises on a gap or an overlap
+    manifest = epoch_log.manifest(spec.name)
+    assert summary["offsets"] == [0, len(manifest)], f"{spec.name}: epochs do not cover every chunk"
+    assert sum(e.size for e in manifest) == len(records), "the chunks do not hold every record once"
+
+
+@pytest.mark.parametrize("point", ["after_plan", "mid_write", "after_delta_commit", "before_publish"])
+def test_sigkill_then_rerun_is_exactly_once_on_kafka(point, kafka, spark, epoch_log):
+    spec = kafka_pipeline(f"kafka_kill_{point}", kafka, **{"control.epoch_files": 2, "control.group_epochs": 2})
+    send(spec, kafka, events=600, seed=1)  # 3 partitions x 2 chunks of 100
+    kill_at(spec, point)
+    assert_crashed_at(point, spark, spec, epoch_log)
+    send(spec, kafka, events=300, seed=2)  # more arrives meanwhile
+    groups = execution.run_once(spec, epoch_log, spark, drain=True)
+    if point != "before_publish":
+        assert groups[0]["group"]["plan"]["reason"].startswith("reprocess epochs")
+    assert_matches_kafka_oracle(spark, spec, epoch_log, kafka)
+    assert {e.state for e in epoch_log.epochs(spec.name)} == {protocol.PUBLISHED}
+    assert_records_complete(spec, epoch_log)
+
+
+def test_new_partitions_are_picked_up_and_a_rollback_replays_the_same_records(kafka, spark, epoch_log):
+    spec = kafka_pipeline("kafka_grow", kafka, **{"control.epoch_files": 2, "control.group_epochs": 2,
+                                                  "control.epoch_max_records": 150, "spark.mode": "in_process"})
+    send(spec, kafka, events=400, seed=3, partitions=2)
+    execution.run_once(spec, epoch_log, spark, drain=True)
+    admin = AdminClient({"bootstrap.servers": kafka.bootstrap})
+    for future in admin.create_partitions([NewPartitions(spec.source.topic, 4)]).values():
+        future.result()
+    send(spec, kafka, events=800, seed=4)  # now over 4 partitions
+    execution.run_once(spec, epoch_log, spark, drain=True)
+    assert_matches_kafka_oracle(spark, spec, epoch_log, kafka)
+    epochs = epoch_log.epochs(spec.name)
+    source = source_for(spec, epoch_log)
+    described = [source.describe(epoch_log.manifest(spec.name, e.start, e.end)) for e in epochs]
+    assert {p for d in described for p in d["partitions"]} == {"0", "1", "2", "3"}
+    # epoch_max_records: 150 over chunks of at most 100 records: one chunk per epoch.
+    assert all(sum(e.size for e in epoch_log.manifest(spec.name, x.start, x.end)) <= 150 for x in epochs)
+
+    # Roll back to epoch 1 and recompute: the replay reads the recorded offsets again.
+    before = table_counts(spark, spec)
+    owner = execution.cli_owner()
+    lease = epoch_log.acquire_lease(spec.name, owner)
+    report = execution.rollback(spec, epoch_log, spark, lease, to_epoch=1, reason="replay", recompute=True)
+    execution.run(spec, epoch_log, owner, report["group_id"], spark)
+    execution.validate(spec, epoch_log, owner)
+    execution.checkpoint(spec, epoch_log, owner)
+    assert table_counts(spark, spec) == before
+    replayed = epoch_log.epochs(spec.name)
+    assert [(e.start, e.end) for e in replayed] == [(e.start, e.end) for e in epochs]
+    assert epoch_log.generation(spec.name) == 1
+    assert_matches_kafka_oracle(spark, spec, epoch_log, kafka)
+
+
+def test_what_retention_deleted_is_refused_and_named(kafka, spark, epoch_log):
+    spec = kafka_pipeline("kafka_retention", kafka, **{"control.epoch_files": 1, "control.group_epochs": 2,
+                                                       "spark.mode": "in_process"})
+    send(spec, kafka, events=600, seed=5)
+    execution.run_once(spec, epoch_log, spark, drain=True)
+    generation, before = epoch_log.generation(spec.name), table_counts(spark, spec)
+    # Retention (here: delete-records) takes partition 0's first 150 records.
+    admin = AdminClient({"bootstrap.servers": kafka.bootstrap})
+    for future in admin.delete_records([TopicPartition(spec.source.topic, 0, 150)]).values():
+        future.result()
+    lease = epoch_log.acquire_lease(spec.name, "operator")
+    with pytest.raises(execution.RollbackRefusedError,
+                       match=r"records \[\d+, \d+\) of partition 0 .* no longer in the topic.*start to 150"):
+        execution.rollback(spec, epoch_log, spark, lease, to_epoch=0, reason="test", recompute=True)
+    epoch_log.release_lease(lease)
+    assert epoch_log.generation(spec.name) == generation and epoch_log.pending_rollback(spec.name) is None
+    assert table_counts(spark, spec) == before
+
+    # Records deleted before sluice registered them: the pipeline stops, naming them.
+    send(spec, kafka, events=300, seed=6)  # partition 1: offsets 200..299, not registered yet
+    for future in admin.delete_records([TopicPartition(spec.source.topic, 1, 300)]).values():
+        future.result()
+    with pytest.raises(SourceError, match=r"records \[200, 300\) of partition 1 were deleted .*fail_on_data_loss"):
+        source_for(spec, epoch_log).discover()
+    end = len(epoch_log.manifest(spec.name))
+    lenient = kafka_pipeline(spec.name, kafka, **{"source.fail_on_data_loss": False})
+    # Logged, and the other partitions' new records (100 each, one chunk) are registered.
+    assert source_for(lenient, epoch_log).discover() == end + 2
