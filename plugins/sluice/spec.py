@@ -157,6 +157,21 @@ class ControlSpec(_Strict):
         return self
 
 
+class AlertsSpec(_Strict):
+    """What Airflow raises about a pipeline, besides failed tasks."""
+
+    freshness: bool = Field(
+        False, description="alert when the pipeline's oldest unpublished data is older than "
+                           "control.freshness_sla_s: the sluice_alerts DAG runs and its task fails naming the "
+                           "pipeline, its data's age and the SLA (on_failure_callback, e-mail, the UI); a run "
+                           "that logs the recovery follows. Opt-in: each alerting pipeline adds a poll loop to "
+                           "the triggerer")
+    notifier: str | None = Field(
+        None, pattern=r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)+$",
+        description="module.callable called with each alert (a dict: pipeline, change, age_s, sla_s) by the "
+                    "alert task, for a channel of your own (Slack, a pager)")
+
+
 class ValidationSpec(_Strict):
     """What happens to an epoch whose output fails its sink's expectation suite."""
 
@@ -196,6 +211,7 @@ class PipelineSpec(_Strict):
                              "transformed and written together); epoch: one Delta version per epoch (a commit "
                              "per table per epoch, ~1-2 s each; epochs may then run concurrently)")
     validation: ValidationSpec = ValidationSpec()
+    alerts: AlertsSpec = AlertsSpec()
     control: ControlSpec = ControlSpec()
     spark: SparkSpec = SparkSpec()
     tags: list[str] = Field(default_factory=list)

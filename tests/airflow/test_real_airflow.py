@@ -42,6 +42,7 @@ CONTINUOUS = "real_af_continuous"
 CRON = "real_af_cron"
 BACKFILL = "real_af_backfill"
 EVENT = "real_af_event"
+STALE = "real_af_stale"
 TRIGGER = "sluice.airflow.triggers.BacklogTrigger"
 GROUP_TASKS = ("wait_for_backlog", "plan_group", "run_group", "validate", "checkpoint")
 #: Landing days of the backfill pipeline's files (two files a day, one epoch each).
@@ -101,7 +102,16 @@ def event_pipeline() -> PipelineSpec:
 
 
 @pytest.fixture(scope="module")
-def server(pipelines, event_pipeline, databases, tmp_path_factory) -> Iterator[standalone.Server]:
+def stale_pipeline() -> PipelineSpec:
+    """A pipeline with freshness alerts whose DAG stays paused: its landed data goes stale."""
+    spec = make_pipeline(STALE, **{"spark.mode": "in_process", "control.poll_interval_s": 2,
+                                   "control.freshness_sla_s": 5, "alerts": {"freshness": True}})
+    land_atomically(spec, files=2, seed=31, prefix="stale")
+    return spec
+
+
+@pytest.fixture(scope="module")
+def server(pipelines, event_pipeline, stale_pipeline, databases, tmp_path_factory) -> Iterator[standalone.Server]:
     srv = standalone.start(tmp_path_factory.mktemp("standalone") / "airflow", extra_env=databases)
     try:
         yield srv
@@ -422,3 +432,24 @@ def test_an_event_driven_pipeline_gets_a_run_only_when_data_comes(event_pipeline
         assert all(states[t] == "success" for t in GROUP_TASKS), states
         assert_matches_oracle(spark, spec, log)
         assert len(standalone.dag_runs(client, EVENT)) == 2
+
+
+def test_a_stale_pipeline_raises_a_freshness_alert(stale_pipeline, server):
+    """``alerts.freshness``: the pipeline's data waits past its SLA (its DAG is paused), the
+    freshness trigger fires in the real triggerer, and ``sluice_alerts`` runs and fails naming
+    the pipeline, the data's age and the SLA, once."""
+    with server.client() as client, dump_on_failure(server, ("sluice_alerts",)):
+        standalone.wait_healthy(server, client, timeout=180)
+        standalone.wait_for_dag(server, client, "sluice_alerts", timeout=120)
+        run = standalone.wait_for_run(server, client, "sluice_alerts", 0, timeout=120)
+        assert run["run_type"] == "asset_triggered", run
+        states = standalone.wait_for_run_state(server, client, "sluice_alerts", run["dag_run_id"], timeout=120,
+                                               state="failed")
+        assert states == {"freshness": "failed"}, states
+        text = task_log(server, "sluice_alerts", run["dag_run_id"], "freshness")
+        assert f"pipeline '{STALE}' is stale: its oldest unpublished data is" in text, text[-2000:]
+        assert "past its freshness SLA of 5.0 s" in text
+        control = client.get(f"/sluice/pipelines/{STALE}/control").json()
+        assert control["freshness"]["breached"] and control["freshness"]["alerts"], control
+        time.sleep(10)  # still stale: no second alert for the same breach
+        assert len(standalone.dag_runs(client, "sluice_alerts")) == 1

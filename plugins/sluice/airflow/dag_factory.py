@@ -18,17 +18,19 @@ from typing import Any
 import pendulum
 from airflow.providers.standard.operators.python import ShortCircuitOperator
 from airflow.providers.standard.operators.trigger_dagrun import TriggerDagRunOperator
-from airflow.sdk import DAG, Asset, AssetWatcher, Param
+from airflow.sdk import DAG, Asset, AssetAny, AssetWatcher, Param
 
 from sluice.airflow.operators import (
     TABLE_CHANGES,
     CheckpointOperator,
+    FreshnessAlertOperator,
     PlanGroupOperator,
     RollbackOperator,
     RunGroupOperator,
     RunGroupSubmitOperator,
     SkipFileOperator,
     ValidateOperator,
+    freshness_asset,
     release_lease_on_failure,
     sink_asset,
 )
@@ -161,6 +163,29 @@ def build_recover_dag(specs: dict[str, PipelineSpec]) -> DAG:
         plan = PlanGroupOperator(task_id="plan_group", pipeline="{{ params.pipeline }}", recover=True)
         _group_steps(plan, None, plan_task_id="plan_group", change="recovery")
     return dag
+
+
+def build_alerts_dag(specs: dict[str, PipelineSpec]) -> DAG | None:
+    """``sluice_alerts``: scheduled on the freshness Assets of the pipelines with
+    ``alerts.freshness``; each run is a change of one or more pipelines' freshness, and its task
+    fails for a breach. None when no pipeline alerts."""
+    watched = [freshness_asset(spec) for _, spec in sorted(specs.items()) if spec.alerts.freshness]
+    if not watched:
+        return None
+    with DAG(dag_id="sluice_alerts", description="Freshness alerts of sluice pipelines (alerts.freshness)",
+             doc_md=ALERTS_DOC, schedule=AssetAny(*watched), start_date=pendulum.datetime(2026, 1, 1, tz="UTC"),
+             catchup=False, tags=["sluice", "alerts"], is_paused_upon_creation=False,
+             default_args={"retries": 0}) as dag:
+        FreshnessAlertOperator(task_id="freshness")
+    return dag
+
+
+ALERTS_DOC = """\
+Runs when a watched pipeline's freshness changes: its oldest unpublished data passed its
+`control.freshness_sla_s` (the task **fails**, naming the pipeline, the age and the SLA), or is
+back within it (the task logs the recovery). Attach your channel as this DAG's
+`on_failure_callback`, or per pipeline with `alerts.notifier` in its spec.
+"""
 
 
 def build_skip_file_dag(specs: dict[str, PipelineSpec]) -> DAG:

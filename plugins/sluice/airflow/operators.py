@@ -431,6 +431,49 @@ def _validation_table(epochs: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def freshness_asset(spec: PipelineSpec) -> Asset:
+    """The Asset standing for a pipeline's freshness: ``FreshnessTrigger`` watches it, and the
+    ``sluice_alerts`` DAG (or a DAG of the user's) is scheduled on it."""
+    from airflow.sdk import AssetWatcher
+
+    from sluice.airflow.triggers import FreshnessTrigger
+
+    trigger = FreshnessTrigger(spec.name, poll_interval=spec.control.poll_interval_s)
+    return Asset(name=f"sluice/{spec.name}/freshness", uri=f"sluice://{spec.name}/freshness", group="sluice",
+                 watchers=[AssetWatcher(name=f"sluice_{spec.name}_freshness", trigger=trigger)])
+
+
+class FreshnessAlertOperator(BaseOperator):
+    """The task of ``sluice_alerts``: for each freshness change that triggered the run, calls
+    the pipeline's notifier (``alerts.notifier``), then fails naming every breached pipeline, its
+    data's age and its SLA (so the DAG's ``on_failure_callback``, e-mail and the UI raise it); a
+    recovery only logs."""
+
+    def execute(self, context: Any) -> list[dict[str, Any]]:
+        import importlib
+
+        alerts = [dict(event.extra.get("payload") or {})
+                  for events in context["triggering_asset_events"].values() for event in events]
+        for alert in alerts:
+            try:
+                notifier = get_spec(alert["pipeline"]).alerts.notifier
+                if notifier:
+                    module, _, name = notifier.rpartition(".")
+                    getattr(importlib.import_module(module), name)(alert)
+            except Exception:  # the alert itself must still be raised
+                self.log.exception("pipeline %s: the notifier failed", alert.get("pipeline"))
+        for alert in alerts:
+            if alert.get("change") == "recovered":
+                self.log.info("pipeline %s is fresh again: its oldest unpublished data is %s s old (SLA %s s)",
+                              alert["pipeline"], alert["age_s"], alert["sla_s"])
+        breached = [a for a in alerts if a.get("change") == "breached"]
+        if breached:
+            raise AirflowFailException("; ".join(
+                f"pipeline {a['pipeline']!r} is stale: its oldest unpublished data is {a['age_s']} s old, past its "
+                f"freshness SLA of {a['sla_s']} s (control.freshness_sla_s)" for a in breached))
+        return alerts
+
+
 class RunGroupSubmitOperator(SparkSubmitOperator):
     """Airflow's ``SparkSubmitOperator`` running ``jobs/run_group.py`` (``spark.mode: submit``).
     The job learns the epoch store's URL from its environment, set here at execute time: a

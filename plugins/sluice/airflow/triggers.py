@@ -213,3 +213,56 @@ class BacklogEventTrigger(BaseEventTrigger):
                 await asyncio.sleep(self.poll_interval)
         finally:
             epoch_log.close()
+
+
+def measure_freshness(pipeline: str, epoch_log: EpochLog) -> dict[str, Any]:
+    """One observation of the pipeline's freshness (blocking: the source's backlog, SQL)."""
+    from sluice import freshness
+    from sluice.sources import source_for
+    from sluice.spec import get_spec
+
+    spec = get_spec(pipeline)
+    return freshness.measure(spec, epoch_log, source_for(spec, epoch_log).backlog()).as_dict()
+
+
+class FreshnessTrigger(BaseEventTrigger):
+    """Watches a pipeline's freshness (``sluice.freshness``) for the ``sluice_alerts`` DAG: fires
+    when its oldest unpublished data passes ``control.freshness_sla_s`` (``change: breached``)
+    and when it is back within it (``change: recovered``), once per change. A failed poll is
+    logged once per distinct error and retried."""
+
+    def __init__(self, pipeline: str, poll_interval: float = 30.0) -> None:
+        super().__init__()
+        self.pipeline = pipeline
+        self.poll_interval = poll_interval
+
+    def serialize(self) -> tuple[str, dict[str, Any]]:
+        return ("sluice.airflow.triggers.FreshnessTrigger",
+                {"pipeline": self.pipeline, "poll_interval": self.poll_interval})
+
+    async def run(self) -> AsyncIterator[TriggerEvent]:
+        from sluice.freshness import transition
+
+        breached: bool | None = None
+        reported: str | None = None
+        epoch_log = await asyncio.to_thread(EpochLog)
+        try:
+            while True:
+                try:
+                    observed = await asyncio.to_thread(measure_freshness, self.pipeline, epoch_log)
+                    reported = None
+                except Exception as exc:
+                    message = f"{type(exc).__name__}: {exc}"
+                    if message != reported:
+                        log.error("pipeline %s: the freshness poll failed (retrying every %.0f s): %s",
+                                  self.pipeline, self.poll_interval, message)
+                        reported = message
+                    observed = None
+                if observed is not None:
+                    change = transition(breached, observed["breached"])
+                    breached = observed["breached"]
+                    if change:
+                        yield TriggerEvent({"change": change, **observed})
+                await asyncio.sleep(self.poll_interval)
+        finally:
+            epoch_log.close()

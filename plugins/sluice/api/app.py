@@ -81,7 +81,7 @@ def epochs(dag_id: str) -> list[dict[str, Any]]:
 @app.get("/pipelines/{dag_id}/control", dependencies=CAN_READ)
 def control(dag_id: str) -> dict[str, Any]:
     name = dag_id  # a pipeline's DAG id is its name
-    from sluice import adaptive
+    from sluice import adaptive, freshness
     from sluice.sources import source_for
 
     try:
@@ -93,9 +93,11 @@ def control(dag_id: str) -> dict[str, Any]:
         backlog = source_for(spec, log).backlog()
         verdict = adaptive.decide(spec, log, backlog.files, backlog.oldest_age_s, list(backlog.arrivals),
                                   continuous=spec.data_driven)
+        fresh = freshness.measure(spec, log, backlog)
         halted = log.halt_reason(name, spec.control.max_attempts)
         # A halted pipeline's sensor does not fire, whatever the controllers would plan.
         return {"pipeline": name, "adaptive": spec.control.adaptive, "backlog": backlog.as_dict(),
+                "freshness": dict(fresh.as_dict(), alerts=spec.alerts.freshness),
                 "next": dict(verdict.plan(), fire=None if halted else verdict.fire),
                 "state": log.control_state(name), "halted": halted}
     except SluiceError as exc:
