@@ -28,7 +28,7 @@ export PYSPARK_PYTHON := $(PY)
 export PATH := $(VENV)/bin:$(PATH)
 export PYTHONPATH := $(CURDIR)/plugins:$(CURDIR)
 
-.PHONY: help setup venv jars demo test test-full system-packages lint kafka airflow generate store-rebuild bench-control bench-control-e2e \
+.PHONY: help setup venv jars demo test test-full system-packages lint kafka spark-cluster airflow generate store-rebuild bench-control bench-control-e2e \
 	bench bench-quick bench-sched compose-env clean backfill rollback recover skip-file cli
 
 help:
@@ -43,6 +43,7 @@ help:
 	@echo "make cli ARGS='dags list'  any airflow command with this Makefile's environment"
 	@echo "make generate  land more YSB data (RATE=, DURATION=, FILES_PER_SECOND=, SEED=, LATE=, OUT=; TOPIC= for Kafka)"
 	@echo "make kafka     a Kafka broker (KRaft, one node) on 127.0.0.1:9092 for the ysb_kafka pipeline"
+	@echo "make spark-cluster  a Spark standalone master and two workers on 127.0.0.1"
 	@echo "make store-rebuild PIPELINE=<name>  rebuild a lost epoch store from the tables' epoch records"
 	@echo "make bench-control  simulate the adaptive controllers on rate traces (bench/results/control.*)"
 	@echo "make bench-control-e2e  the controllers on Spark, YSB at a sinusoidal rate, ~15 min (control_e2e.*)"
@@ -107,6 +108,11 @@ generate: venv
 		--rate $(RATE) --duration $(DURATION) --files-per-second $(FILES_PER_SECOND) --seed $(SEED) \
 		--late-fraction $(LATE)
 
+# A Spark standalone cluster on 127.0.0.1 (a master and two workers, JVMs of their own, data under
+# var/spark-cluster); it prints the AIRFLOW_CONN_SPARK_DEFAULT that points pipelines at it.
+spark-cluster: setup
+	@$(PY) -m include.spark_cluster
+
 # A single-node Kafka broker (KRaft) on 127.0.0.1:9092, data under var/kafka; Ctrl-C stops it.
 # Its jars come from Maven Central once (mvn, include/kafka/pom.xml) into var/jars/kafka-broker.
 kafka: setup
@@ -164,12 +170,14 @@ bench: setup
 	@$(PY) -m bench.ysb
 	@$(PY) -m bench.overhead
 	@$(PY) -m bench.delta_commit
+	@$(PY) -m bench.parse_cost
 	@$(PY) -m bench.cost
 
 bench-quick: setup
 	@SLUICE_BENCH_RESULTS=$(CURDIR)/bench/results/quick $(PY) -m bench.ysb --quick
 	@SLUICE_BENCH_RESULTS=$(CURDIR)/bench/results/quick $(PY) -m bench.overhead --quick --skip-airflow
 	@SLUICE_BENCH_RESULTS=$(CURDIR)/bench/results/quick $(PY) -m bench.delta_commit --quick
+	@SLUICE_BENCH_RESULTS=$(CURDIR)/bench/results/quick $(PY) -m bench.parse_cost --quick
 	@SLUICE_BENCH_RESULTS=$(CURDIR)/bench/results/quick $(PY) -m bench.cost --quick
 
 bench-sched: setup

@@ -18,8 +18,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT / "plugins") not in sys.path:  # spark-submit puts only this folder on sys.path
-    sys.path.insert(0, str(ROOT / "plugins"))
+# The checkout's sluice first: spark-submit puts only this folder on sys.path, and the code it
+# ships to executors (--py-files, a zip with sluice in it) ahead of PYTHONPATH.
+if str(ROOT / "plugins") in sys.path:
+    sys.path.remove(str(ROOT / "plugins"))
+sys.path.insert(0, str(ROOT / "plugins"))
 
 from sluice import execution  # noqa: E402
 from sluice.errors import SluiceError  # noqa: E402

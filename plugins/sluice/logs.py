@@ -13,7 +13,7 @@ import logging
 import os
 
 #: Loggers of libraries sluice runs whose INFO lines say nothing an operator needs.
-LIBRARIES = ("great_expectations", "py4j", "urllib3", "filelock", "matplotlib", "numexpr", "tzlocal")
+LIBRARIES = ("great_expectations", "py4j", "urllib3", "filelock", "matplotlib", "numexpr", "tzlocal", "alembic")
 
 FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 

@@ -73,6 +73,10 @@ def tag_rejected(records: DataFrame, spec: PipelineSpec) -> DataFrame:
 
     rules = [(F.col("_defect").isNotNull(), F.concat(F.lit("malformed record: "), F.col("_defect"))),
              (F.col("_corrupt_record").isNotNull(), F.lit("malformed record: not parseable as " + spec.source.format))]
+    if spec.source.drift == "reject":
+        rules.append((F.col("_rescued_data").isNotNull(),
+                      F.concat(F.lit("fields not in source.schema (source.unknown_fields: reject): "),
+                               F.col("_rescued_data"))))
     rules += [(F.col(f"`{f}`").isNull(), F.lit(f"missing required field {f!r}")) for f in spec.source.required]
     rules += [(~F.coalesce(F.expr(expr), F.lit(False)), F.lit(f"failed check {name!r}: {expr}"))
               for name, expr in spec.source.checks.items()]
@@ -91,7 +95,8 @@ def split_rejected(records: DataFrame, spec: PipelineSpec, generation: int, epoc
 
     fields = list(spec.source.schema_)
     tagged = tag_rejected(records, spec) if tagged is None else tagged
-    valid = tagged.where(F.col("_reason").isNull()).select(*[F.col(f"`{f}`") for f in fields])
+    rescued = ["_rescued_data"] if spec.source.drift == "rescue" else []
+    valid = tagged.where(F.col("_reason").isNull()).select(*[F.col(f"`{f}`") for f in fields], *rescued)
     raw = F.coalesce(F.col("_corrupt_record"), F.to_json(F.struct(*[F.col(f"`{f}`") for f in fields])))
     epoch = F.col("_epoch").cast("int") if epoch_id is None else F.lit(epoch_id)
     rejected = tagged.where(F.col("_reason").isNotNull()).select(

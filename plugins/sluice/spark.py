@@ -129,6 +129,66 @@ def spark_conf(extra: dict[str, str] | None = None, run_once: bool = True) -> di
     return conf
 
 
+def python_files(transform: str | None = None) -> str:
+    """A zip of the Python code executors may run (``--py-files``, ``addPyFile``): the ``sluice``
+    package, ``jobs/transforms`` as ``transforms``, and the module of a ``package.module.function``
+    transform with its packages' ``__init__``. On a cluster the executors' machines have none of
+    it; a transform's UDF runs there. Built once per content (the name carries a hash of the
+    files' paths, sizes and times), atomically, under the data folder."""
+    import hashlib
+    import importlib.util
+    import zipfile
+
+    from sluice.paths import data_dir
+
+    members: dict[str, Path] = {}
+
+    def tree(folder: Path, prefix: str) -> None:
+        for path in sorted(folder.rglob("*.py")):
+            if "__pycache__" not in path.parts:
+                members[f"{prefix}/{path.relative_to(folder).as_posix()}"] = path
+
+    tree(Path(__file__).resolve().parent, "sluice")
+    tree(project_root() / "jobs" / "transforms", "transforms")
+    module_name = transform.rpartition(".")[0] if transform else ""
+    if "." in module_name:  # a package.module transform outside jobs/transforms
+        found = importlib.util.find_spec(module_name)
+        if found is None or found.origin is None:
+            raise ModuleNotFoundError(f"transform module {module_name!r} not found (looked on the Python path)")
+        parts = module_name.split(".")
+        origin = Path(found.origin)
+        members["/".join(parts) + ".py"] = origin
+        package = origin.parent
+        for depth in range(len(parts) - 1, 0, -1):
+            members["/".join(parts[:depth]) + "/__init__.py"] = package / "__init__.py"
+            package = package.parent
+    digest = hashlib.sha256()
+    for name, path in sorted(members.items()):  # a namespace package has no __init__: an empty one
+        st = path.stat() if path.exists() else None
+        digest.update(f"{name}:{st and st.st_size}:{st and st.st_mtime_ns}\n".encode())
+    folder = data_dir() / "pyfiles"
+    target = folder / f"sluice-pyfiles-{digest.hexdigest()[:16]}.zip"
+    if not target.exists():
+        folder.mkdir(parents=True, exist_ok=True)
+        partial = target.with_suffix(f".{os.getpid()}.partial")
+        with zipfile.ZipFile(partial, "w", zipfile.ZIP_DEFLATED) as zf:
+            for name, path in sorted(members.items()):
+                if path.exists():
+                    zf.write(path, name)
+                else:
+                    zf.writestr(name, "")
+        os.replace(partial, target)
+    return str(target)
+
+
+def launched_by_spark_submit() -> bool:
+    """Whether this Python driver was started by ``spark-submit`` (its JVM launched this process
+    and passed it the gateway's port): the master, jars and py-files are then the command
+    line's, and a session built here must not replace the master (``run_group`` against
+    ``spark://`` would silently run on ``local[*]``)."""
+    return "PYSPARK_GATEWAY_PORT" in os.environ
+
+
 def remote_url() -> str | None:
     """The Spark Connect server to use (``$SLUICE_SPARK_REMOTE``), or None for a local JVM."""
     return os.environ.get(REMOTE_ENV) or None
@@ -201,8 +261,8 @@ def get_session(app_name: str = "sluice", master: str | None = None,
                 extra_conf: dict[str, str] | None = None) -> SparkSession:
     """Return the active SparkSession, or start one with Delta on the classpath.
 
-    Under ``spark-submit`` the master and jars come from the command line and the session
-    already exists; in-process (tests, the demo, ``@task``) a ``local[*]`` session is built,
+    Under ``spark-submit`` the master and jars come from the command line
+    (``launched_by_spark_submit``); in-process (tests, the demo, ``@task``) a ``local[*]`` session is built,
     or, with ``$SLUICE_SPARK_REMOTE`` set, a client session on that Spark Connect server.
     """
     from pyspark.sql import SparkSession
@@ -211,16 +271,23 @@ def get_session(app_name: str = "sluice", master: str | None = None,
     if active is not None:
         return active
     url = remote_url()
-    if url and not os.environ.get("SPARK_SUBMIT_PROCESS"):
+    submitted = launched_by_spark_submit()
+    if url and not submitted:
         return _remote_session(url, app_name, extra_conf)
     builder = SparkSession.builder.appName(app_name)
-    if not os.environ.get("SPARK_SUBMIT_PROCESS") and "spark.master" not in (extra_conf or {}):
+    if not submitted and "spark.master" not in (extra_conf or {}):
         builder = builder.master(master or os.environ.get("SLUICE_SPARK_MASTER", "local[*]"))
     conf = spark_conf(extra_conf)
     conf.setdefault("spark.jars", ",".join(spark_jars()))
     for key, value in conf.items():
         builder = builder.config(key, value)
-    return builder.getOrCreate()
+    spark = builder.getOrCreate()
+    context = spark.sparkContext
+    # Executors elsewhere need the code; spark-submit (a DAG's run_group) shipped it already.
+    if not context.master.startswith("local") and "sluice-pyfiles-" not in context.getConf().get(
+            "spark.submit.pyFiles", ""):
+        context.addPyFile(python_files())
+    return spark
 
 
 if __name__ == "__main__":  # python -m sluice.spark: used by `make jars`

@@ -36,6 +36,17 @@ class _RecordsSpec(_Strict):
                                    description="rule name -> SQL boolean expression a valid record satisfies")
     max_record_bytes: int = Field(1024 * 1024, ge=1, description="a longer record (line) goes to _rejected with "
                                                                  "its size; only its first KiB is kept")
+    unknown_fields: Literal["reject", "rescue", "ignore"] = Field(
+        "reject", description="JSON fields not in the schema: reject (the record goes to _rejected, naming "
+                              "them), rescue (kept as a JSON object in a _rescued_data column the transform "
+                              "gets, as Auto Loader does), or ignore (dropped, on purpose). A value of the wrong "
+                              "type makes the record malformed (rejected) whatever this says")
+
+    @property
+    def drift(self) -> str:
+        """How unknown fields are handled: ``unknown_fields`` for JSON; CSV and Parquet are read
+        by position or by name, so extra columns are not seen (``ignore``)."""
+        return self.unknown_fields if getattr(self, "format", "json") == "json" else "ignore"
 
     @field_validator("schema_")
     @classmethod

@@ -26,6 +26,7 @@ import time
 from collections.abc import Iterator
 from datetime import datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 from sqlalchemy import make_url
@@ -43,6 +44,7 @@ CRON = "real_af_cron"
 BACKFILL = "real_af_backfill"
 EVENT = "real_af_event"
 STALE = "real_af_stale"
+CLUSTER = "real_af_cluster"
 TRIGGER = "sluice.airflow.triggers.BacklogTrigger"
 GROUP_TASKS = ("wait_for_backlog", "plan_group", "run_group", "validate", "checkpoint")
 #: Landing days of the backfill pipeline's files (two files a day, one epoch each).
@@ -111,8 +113,31 @@ def stale_pipeline() -> PipelineSpec:
 
 
 @pytest.fixture(scope="module")
-def server(pipelines, event_pipeline, stale_pipeline, databases, tmp_path_factory) -> Iterator[standalone.Server]:
-    srv = standalone.start(tmp_path_factory.mktemp("standalone") / "airflow", extra_env=databases)
+def spark_cluster(tmp_path_factory) -> Iterator[Any]:
+    """A Spark standalone master and two workers on 127.0.0.1, each its own JVM and folder."""
+    from include.spark_cluster import start
+
+    cluster = start(tmp_path_factory.mktemp("spark-cluster"), workers=2)
+    yield cluster
+    cluster.stop()
+
+
+@pytest.fixture(scope="module")
+def cluster_pipeline() -> PipelineSpec:
+    """``ysb`` through spark-submit against the cluster (connection ``spark_cluster``), with a
+    transform whose Python UDF runs in the executors."""
+    return make_pipeline(CLUSTER, **{"spark.mode": "submit", "spark.conn_id": "spark_cluster",
+                                     "transform": "tests.cluster_transforms.campaign_views_udf",
+                                     "control.epoch_files": 2, "control.group_epochs": 2,
+                                     "control.poll_interval_s": 2})
+
+
+@pytest.fixture(scope="module")
+def server(pipelines, event_pipeline, stale_pipeline, cluster_pipeline, databases, spark_cluster,
+           tmp_path_factory) -> Iterator[standalone.Server]:
+    connection = json.dumps({"conn_type": "spark", "host": spark_cluster.master_url})
+    srv = standalone.start(tmp_path_factory.mktemp("standalone") / "airflow",
+                           extra_env={**databases, "AIRFLOW_CONN_SPARK_CLUSTER": connection})
     try:
         yield srv
     finally:
@@ -453,3 +478,26 @@ def test_a_stale_pipeline_raises_a_freshness_alert(stale_pipeline, server):
         assert control["freshness"]["breached"] and control["freshness"]["alerts"], control
         time.sleep(10)  # still stale: no second alert for the same breach
         assert len(standalone.dag_runs(client, "sluice_alerts")) == 1
+
+
+def test_a_pipeline_runs_on_a_spark_standalone_cluster(cluster_pipeline, spark_cluster, server, spark):
+    """spark-submit against ``spark://``: executors in two worker JVMs, each in its own working
+    directory, run the transform's UDF from the shipped code; the table equals the oracle."""
+    spec = cluster_pipeline
+    with server.client() as client, dump_on_failure(server, (CLUSTER,)):
+        standalone.wait_healthy(server, client, timeout=180)
+        standalone.wait_for_dag(server, client, CLUSTER, timeout=120)
+        standalone.set_paused(client, CLUSTER, False)
+        land_atomically(spec, files=4, seed=41, prefix="cluster")
+        run = standalone.wait_for_run(server, client, CLUSTER, 0, timeout=60)
+        states = standalone.wait_for_run_state(server, client, CLUSTER, run["dag_run_id"], timeout=300)
+        assert all(states[t] == "success" for t in GROUP_TASKS), states
+        standalone.set_paused(client, CLUSTER, True)
+        assert_group_published(server, client, CLUSTER, run["dag_run_id"], group_id=0, epoch_ids=[0, 1])
+        assert_matches_oracle(spark, spec, EpochLog())
+        # The application had an executor in each worker: its folder app-<id>/<executor> in both.
+        per_worker = [{p.parent.parent.name for p in work.glob("app-*/*/stderr")}
+                      for work in spark_cluster.worker_dirs()]
+        assert len(per_worker) == 2 and set.intersection(*per_worker), per_worker
+        submit_log = task_log(server, CLUSTER, run["dag_run_id"], "run_group")
+        assert spark_cluster.master_url in submit_log and "sluice-pyfiles-" in submit_log

@@ -93,7 +93,7 @@ def build_dag(spec: PipelineSpec) -> DAG:
         if spec.spark.mode == "submit" and not remote_url():  # no JVM per group with a Connect server
             jars = jars_dir()
             run = RunGroupSubmitOperator(
-                task_id="run_group",
+                task_id="run_group", pipeline=spec.name,
                 application=str(project_root() / "jobs" / "run_group.py"),
                 application_args=["--pipeline", spec.name,
                                   "--group", "{{ ti.xcom_pull(task_ids='plan_group')['group_id'] }}",

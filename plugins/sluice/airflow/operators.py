@@ -477,8 +477,21 @@ class FreshnessAlertOperator(BaseOperator):
 class RunGroupSubmitOperator(SparkSubmitOperator):
     """Airflow's ``SparkSubmitOperator`` running ``jobs/run_group.py`` (``spark.mode: submit``).
     The job learns the epoch store's URL from its environment, set here at execute time: a
-    template field would be rendered, and shown, before ``execute``."""
+    template field would be rendered, and shown, before ``execute``. The Python code executors
+    may run (sluice, the transforms) ships with it as ``--py-files``, built here too rather than
+    at every parse of the DAG file."""
+
+    def __init__(self, *, pipeline: str, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.pipeline = pipeline
 
     def execute(self, context: Any) -> Any:
-        self.env_vars = {**(self.env_vars or {}), "SLUICE_STORE_URL": pipeline_store()}
+        from sluice.paths import project_root
+        from sluice.spark import python_files
+
+        # SLUICE_HOME: the job finds the project's files (specs, suites) by it, whichever copy
+        # of sluice it imports.
+        self.env_vars = {**(self.env_vars or {}), "SLUICE_STORE_URL": pipeline_store(),
+                         "SLUICE_HOME": str(project_root())}
+        self.py_files = python_files(get_spec(self.pipeline).transform)
         return super().execute(context)

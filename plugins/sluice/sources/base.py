@@ -20,7 +20,7 @@ from sluice.spec import PipelineSpec
 from sluice.store import EpochLog, ManifestEntry
 
 if TYPE_CHECKING:
-    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql import Column, DataFrame, SparkSession
 
     from sluice.sinks.delta import EpochRange
 
@@ -119,10 +119,21 @@ class Source(ABC):
         lines = lines.select("_file", "_line", *epoch, defect.alias("_defect"),
                              F.when(size > limit, F.substring("_text", 1, RECORD_KEPT_CHARS))
                              .otherwise(F.col("_text")).alias("_text"))
+        # Fields not in the schema (JSON): their keys are read for every record (json_object_keys,
+        # cheaper than a full second parse); only a record that has some is parsed again, to keep
+        # them (as a JSON object) for the _rejected reason or the transform.
+        extra: list[Column] = []
+        if source.drift != "ignore":
+            known = F.array(*[F.lit(k) for k in source.schema_])
+            unknown = F.array_except(F.json_object_keys(F.when(F.col("_defect").isNull(), F.col("_text"))), known)
+            fields = F.from_json(F.col("_text"), "map<string,string>")
+            extra = [F.when(F.size(unknown) > 0,
+                            F.to_json(F.map_filter(fields, lambda k, _: ~F.array_contains(known, k))))
+                     .alias("_rescued_data")]
         options = {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": "_corrupt_record"}
         parse = F.from_json if source.format == "json" else F.from_csv
         parsed = lines.select(
-            "_file", "_line", *epoch, "_text", "_defect",
+            "_file", "_line", *epoch, "_text", "_defect", *extra,
             parse(F.when(F.col("_defect").isNull(), F.col("_text")), f"{schema}, _corrupt_record string",
                   options).alias("_r"),
         )
@@ -134,8 +145,19 @@ class Source(ABC):
             F.when(F.col("_r").isNull(), F.col("_text"))
             .otherwise(F.col("_r._corrupt_record")).alias("_corrupt_record"),
             "_defect",
+            *(["_rescued_data"] if extra else []),
             *epoch,
         )
+
+    def empty_records(self, spark: SparkSession, with_epoch: bool) -> DataFrame:
+        """What ``read`` gives for a range whose every entry was skipped on purpose."""
+        from pyspark.sql import functions as F
+
+        schema = ", ".join(f"`{k}` {v}" for k, v in self.spec.source.schema_.items())
+        rescued = ", _rescued_data string" if self.spec.source.drift != "ignore" else ""
+        empty = spark.createDataFrame(
+            [], f"{schema}, _file string, _line long, _corrupt_record string, _defect string{rescued}")
+        return empty.withColumn("_epoch", F.lit(None).cast("int")) if with_epoch else empty
 
 
 

@@ -221,9 +221,7 @@ class FileSource(Source):
 
         schema = ", ".join(f"`{k}` {v}" for k, v in self.spec.source.schema_.items())
         if not entries:  # every file of the range was skipped on purpose
-            empty = spark.createDataFrame(
-                [], f"{schema}, _file string, _line long, _corrupt_record string, _defect string")
-            return empty.withColumn("_epoch", F.lit(None).cast("int")) if epoch_of else empty
+            return self.empty_records(spark, epoch_of is not None)
         if self.spec.source.format != "parquet":
             return self.parse_lines(self._lines(spark, entries, epoch_of))
         df = spark.read.schema(schema).parquet(*[e.path for e in entries]).select(

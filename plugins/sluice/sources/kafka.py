@@ -273,10 +273,7 @@ class KafkaSource(Source):
         from pyspark.sql import functions as F
 
         if not entries:  # every chunk of the range was skipped on purpose
-            schema = ", ".join(f"`{k}` {v}" for k, v in self.kafka.schema_.items())
-            empty = spark.createDataFrame(
-                [], f"{schema}, _file string, _line long, _corrupt_record string, _defect string")
-            return empty.withColumn("_epoch", F.lit(None).cast("int")) if epoch_of is not None else empty
+            return self.empty_records(spark, epoch_of is not None)
         tagged = merge_adjacent([(Chunk.parse(e.path), epoch_of[e.position] if epoch_of else 0) for e in entries])
         ranges = partition_ranges([c for c, _ in tagged])
         options = {

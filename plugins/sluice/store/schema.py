@@ -14,6 +14,7 @@ migrations build exactly the models' schema on SQLite and on Postgres.
 from __future__ import annotations
 
 import functools
+import logging
 import sys
 from pathlib import Path
 
@@ -24,6 +25,8 @@ from alembic.script import ScriptDirectory
 from sqlalchemy import Connection, Engine
 
 from sluice.errors import ProtocolError
+
+log = logging.getLogger(__name__)
 
 MIGRATIONS = Path(__file__).parent / "migrations"
 #: Not Alembic's default ``alembic_version``: a store that shares a database with Airflow's
@@ -65,7 +68,10 @@ def upgrade(engine: Engine) -> None:
                 f"the epoch store at {engine.url.render_as_string(hide_password=True)} is at schema revision "
                 f"{found!r}, which this release of sluice does not know (its head is {head()!r}): a newer "
                 "release migrated it; run that release, or restore the store from before the upgrade")
-        command.upgrade(_config(conn), "head")
+        if found != head():
+            log.info("epoch store %s: schema %s -> %s", engine.url.render_as_string(hide_password=True),
+                     found or "new", head())
+            command.upgrade(_config(conn), "head")
 
 
 @functools.cache
