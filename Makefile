@@ -51,6 +51,7 @@ help:
 	@echo "make bench-quick  the same, smaller and without Airflow, < 8 min (bench/results/quick/)"
 	@echo "make compose-env  a .env with random secrets for docker-compose.yaml (kept if present)"
 	@echo "make bench-sched  concurrent epochs (A-scheduler) and Prompt partitioning on skewed keys (sched.*)"
+	@echo "make docs      regenerate docs/pipeline-spec.md from the spec models (plugins/sluice/spec.py)"
 
 setup: venv jars
 
@@ -73,7 +74,7 @@ demo: setup
 # The everyday loop: everything but the runs on real servers (Postgres, Kafka): about 30 min.
 test: setup lint
 	@echo "==> running the test suite (without the Postgres and Kafka runs: make test-full)"
-	@$(PY) -m pytest tests -m "not postgres and not kafka"
+	@$(PY) -m pytest tests -m "not postgres and not kafka and not browser"
 
 # What CI runs: every test, with the epoch store and Airflow on a real Postgres server too and
 # the Kafka source on a real broker (its jars from Maven Central, once).
@@ -182,6 +183,12 @@ bench-quick: setup
 
 bench-sched: setup
 	@$(PY) -m bench.sched
+
+# docs/pipeline-spec.md from the pydantic models of plugins/sluice/spec.py (tests/unit/test_spec_reference.py
+# fails when the committed file differs). Phony: docs/ is a folder.
+.PHONY: docs
+docs: venv
+	@$(PY) -m include.spec_reference
 
 # docker-compose.yaml's secrets: a .env with fresh random values (an existing .env is kept).
 compose-env:

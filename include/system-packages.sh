@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
 # The Debian packages `make test-full` needs beyond Python and Java: a PostgreSQL server (the
 # tests start their own, on 127.0.0.1 in a temporary folder; the package's own cluster is not
-# used). Installs only what is missing; nothing to do on a machine that has them.
+# used) and Chromium with its WebDriver (the console's browser test drives a headless Chromium).
+# Installs only what is missing; nothing to do on a machine that has them.
 set -euo pipefail
 
 missing=()
 compgen -G "/usr/lib/postgresql/*/bin/initdb" >/dev/null || missing+=(postgresql-15)
+command -v chromium >/dev/null || missing+=(chromium)
+command -v chromedriver >/dev/null || missing+=(chromium-driver)
 
 if ((${#missing[@]} == 0)); then
     exit 0

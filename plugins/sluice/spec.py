@@ -69,20 +69,20 @@ class _RecordsSpec(_Strict):
 class SourceSpec(_RecordsSpec):
     """A landing folder of files."""
 
-    type: Literal["files"] = "files"
+    type: Literal["files"] = Field("files", description="files: a landing folder (may be left out)")
     path: str = Field(description="landing folder")
-    format: Literal["json", "csv", "parquet"] = "json"
+    format: Literal["json", "csv", "parquet"] = Field("json", description="JSON lines, CSV or Parquet files")
     pattern: str = Field("*", description="glob of file names to pick up in the folder")
-    csv_header: bool = True
+    csv_header: bool = Field(True, description="csv: the first line of each file names the columns")
 
 
 class KafkaSourceSpec(_RecordsSpec):
     """A Kafka topic of JSON records (one per message value)."""
 
-    type: Literal["kafka"]
+    type: Literal["kafka"] = Field(description="kafka: a Kafka topic")
     bootstrap_servers: str = Field(description="host:port[,host:port...] of the brokers")
-    topic: str = Field(pattern=r"^[A-Za-z0-9._-]{1,249}$")
-    format: Literal["json"] = "json"
+    topic: str = Field(pattern=r"^[A-Za-z0-9._-]{1,249}$", description="the topic to read, every partition")
+    format: Literal["json"] = Field("json", description="message values are JSON records (no key, headers or Avro)")
     chunk_records: int = Field(
         10_000, ge=1, le=10_000_000,
         description="new records of a partition are registered in chunks of at most this many; an epoch is a "
@@ -103,9 +103,12 @@ def _source_kind(value: Any) -> str:
 
 
 class SinkSpec(_Strict):
-    name: str = Field(pattern=NAME)
-    mode: Literal["append", "aggregate"]
-    path: str
+    """A Delta table the transform's output is written to."""
+
+    name: str = Field(pattern=NAME, description="the sink's name (its Asset is sluice/<pipeline>/<name>)")
+    mode: Literal["append", "aggregate"] = Field(
+        description="append: rows are appended; aggregate: merge-add of sums per key into the table")
+    path: str = Field(description="the Delta table's folder")
     keys: list[str] = Field(default_factory=list, description="aggregate: merge keys")
     sums: list[str] = Field(default_factory=list, description="aggregate: columns added on merge")
     expectations: str | None = Field(None, description="Great Expectations suite (JSON) checked on each "
@@ -125,6 +128,8 @@ class SinkSpec(_Strict):
 
 
 class ControlSpec(_Strict):
+    """How big epochs and groups are, and when a group starts."""
+
     adaptive: bool = Field(False, description="size epochs (DyBBS) and groups (Drizzle AIMD) from measurements; "
                                               "false: the fixed sizes below")
     epoch_files: int = Field(4, ge=1, le=100_000, description="epoch size, in source files (the start, if adaptive)")
@@ -146,9 +151,11 @@ class ControlSpec(_Strict):
                                "runs between groups")
     sensor_mode: Literal["deferrable", "reschedule"] = Field(
         "deferrable", description="reschedule: for deployments without a triggerer")
-    poll_interval_s: float = Field(5, gt=0)
-    sensor_timeout_s: float = Field(6 * 3600, gt=0)
-    lease_ttl_s: float = Field(600, gt=0)
+    poll_interval_s: float = Field(5, gt=0, description="how often the backlog sensor (or trigger) looks at the source")
+    sensor_timeout_s: float = Field(6 * 3600, gt=0, description="@continuous: how long a run waits for data "
+                                                                "before it is skipped (the next run waits again)")
+    lease_ttl_s: float = Field(600, gt=0, description="the pipeline's lease expires this long after its last "
+                                                      "renewal (renewed every third of it while a group runs)")
     max_attempts: int = Field(3, ge=1, description="an epoch failing this often halts the pipeline")
     optimize_every_groups: int = Field(0, ge=0, description="OPTIMIZE (compact) the sinks every N groups; 0: never")
     concurrent_epochs: int | Literal["auto"] = Field(
@@ -192,31 +199,43 @@ class ValidationSpec(_Strict):
 
 
 class SparkSpec(_Strict):
-    mode: Literal["submit", "in_process"] = "submit"
-    conn_id: str = "spark_default"
-    conf: dict[str, str] = Field(default_factory=dict)
+    """Where a group's Spark application runs."""
+
+    mode: Literal["submit", "in_process"] = Field(
+        "submit", description="submit: spark-submit through SparkSubmitOperator; in_process: a SparkSession in "
+                              "the Airflow worker's task")
+    conn_id: str = Field("spark_default", description="submit: the Airflow connection spark-submit uses "
+                                                      "(local[*], spark://host:port, ...)")
+    conf: dict[str, str] = Field(default_factory=dict, description="Spark settings for the group's application, "
+                                                                   "over sluice's defaults")
 
 
 class PipelineSpec(_Strict):
-    name: str = Field(pattern=NAME)
-    description: str = ""
+    """One pipeline, one DAG: a source, a transform and Delta sinks."""
+
+    name: str = Field(pattern=NAME, description="the pipeline's and its DAG's name; must match the file name "
+                                                "(and defaults to it)")
+    description: str = Field("", description="the DAG's description")
     schedule: str | None = Field(
         "@continuous", description="@continuous: a DAG run always waits for data (its sensor deferred to the "
                                    "triggerer); @backlog: event-driven, a run is created only when the backlog "
                                    "trigger fires (an Asset watcher), so none waits; a cron expression or preset: "
                                    "scheduled runs that take whatever is there; null: manual runs only")
-    start_date: str = "2026-01-01"
+    start_date: str = Field("2026-01-01", description="the DAG's start date (UTC)")
     source: Annotated[Annotated[SourceSpec, Tag("files")] | Annotated[KafkaSourceSpec, Tag("kafka")],
-                      Discriminator(_source_kind)]
+                      Discriminator(_source_kind)] = Field(description="where the records come from, by `type`")
     transform: str = Field(pattern=r"^[a-z_][a-z0-9_]*(\.[a-z_][a-z0-9_]*)+$",
                            description="module.function in jobs/transforms, or package.module.function")
     reference: dict[str, str] = Field(default_factory=dict, description="name -> CSV file")
-    sinks: list[SinkSpec] = Field(min_length=1)
+    sinks: list[SinkSpec] = Field(min_length=1, description="the Delta tables written, one or more")
     partitioning: Literal["hash", "prompt"] = Field(
         "hash", description="how a keyed write (aggregate keys, append partition_by) spreads an epoch's "
                             "rows over tasks: Spark's hash, or Prompt's skew-balancing plan")
-    rejected_path: str | None = None
-    quarantine_path: str | None = None
+    rejected_path: str | None = Field(None, description="the _rejected table's folder; null: _rejected beside the "
+                                                        "first sink (_rejected_<name> where that folder is not "
+                                                        "named after the pipeline)")
+    quarantine_path: str | None = Field(None, description="the _quarantine table's folder; null: beside the "
+                                                          "first sink, as rejected_path")
     commit: Literal["group", "epoch"] = Field(
         "group", description="group: one Delta commit per table per group (the group's epochs read, "
                              "transformed and written together); epoch: one Delta version per epoch (a commit "
@@ -225,7 +244,7 @@ class PipelineSpec(_Strict):
     alerts: AlertsSpec = AlertsSpec()
     control: ControlSpec = ControlSpec()
     spark: SparkSpec = SparkSpec()
-    tags: list[str] = Field(default_factory=list)
+    tags: list[str] = Field(default_factory=list, description="DAG tags, besides sluice")
     path: str = Field("", description="the YAML file this spec came from (set by the loader)")
 
     @model_validator(mode="after")

@@ -22,7 +22,8 @@ from tests.pipelines import make_pipeline
 
 #: user -> role of the simple auth manager ("": a user with no role, so no access to any DAG).
 USERS = {"admin": "admin", "viewer": "viewer", "nobody": ""}
-ROUTES = ("/sluice/pipelines/{p}/epochs", "/sluice/pipelines/{p}/control")
+ROUTES = ("/sluice/pipelines/{p}/epochs", "/sluice/pipelines/{p}/control", "/sluice/pipelines/{p}/groups",
+          "/sluice/pipelines/{p}/rollback-preview?to_epoch=0", "/sluice/ui/{p}")
 
 
 @pytest.fixture(scope="module")
@@ -77,7 +78,7 @@ def test_every_route_needs_a_user_with_read_access_to_the_pipeline_dag(api):
         with httpx.Client(base_url=server.url, timeout=30.0) as client:
             return client.get(path, headers=headers, **kw)
 
-    for route in (*ROUTES, "/sluice/pipelines"):
+    for route in (*ROUTES, "/sluice/pipelines", "/sluice/ui"):
         path = route.format(p=spec.name)
         assert get(path).status_code == 401, path
         with httpx.Client(base_url=server.url, timeout=30.0) as client:
@@ -95,6 +96,14 @@ def test_every_route_needs_a_user_with_read_access_to_the_pipeline_dag(api):
     control = get(f"/sluice/pipelines/{spec.name}/control", "viewer").json()
     assert control["backlog"]["files"] == 1 and control["next"]["epoch_size"] == spec.control.epoch_files, control
     assert get("/sluice/pipelines/no_such_pipeline/epochs", "viewer").status_code == 404
+    # Its one group, planned outside Airflow (no DAG run); a rollback to epoch 0 would be refused:
+    # epoch 0 is not written yet.
+    groups = get(f"/sluice/pipelines/{spec.name}/groups", "viewer").json()
+    assert [(g["group_id"], g["epoch_ids"], g["dag_run"]) for g in groups] == [(0, [0], None)], groups
+    preview = get(f"/sluice/pipelines/{spec.name}/rollback-preview", "viewer", params={"to_epoch": 0}).json()
+    assert preview["rolled_back"][0]["epoch_id"] == 0 and preview["kept"] == 0, preview
+    page = get(f"/sluice/ui/{spec.name}", "viewer")
+    assert page.status_code == 200 and f'const PIPELINE = "{spec.name}";' in page.text
     names = {p["pipeline"] for p in get("/sluice/pipelines", "admin").json()}
     assert {"ysb", "auth_probe"} <= names
     # The Airflow UI keeps the user's token in its session cookie; a page of the plugin sends it.

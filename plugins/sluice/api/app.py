@@ -4,7 +4,16 @@
 ``GET /sluice/pipelines/{dag_id}/epochs`` returns every epoch of every generation once
 (rolled-back ones included) with the generation that wrote it, the one it lives in now, and its
 files; ``GET /sluice/pipelines/{dag_id}/control`` the adaptive controllers' state and what the
-backlog sensor would decide now.
+backlog sensor would decide now; ``GET /sluice/pipelines/{dag_id}/groups`` each group with the
+DAG run that planned it; ``GET /sluice/pipelines/{dag_id}/rollback-preview?to_epoch=N`` what a
+rollback to epoch N would remove and restore, and what blocks it, read from the store and the
+source only (the rollback task checks the Delta tables again before it changes anything).
+
+The console, pages the Airflow UI shows in a frame (``external_views`` in ``sluice_plugin``):
+``GET /sluice/ui`` lists the pipelines, ``GET /sluice/ui/{dag_id}`` is a pipeline's page. The
+page reads the routes above and starts operator actions by triggering ``sluice_rollback``,
+``sluice_recover`` or ``sluice_skip_file`` through Airflow's own REST API, so Airflow checks
+that the user may trigger them and records who did.
 
 Behind Airflow's auth: plugin apps are mounted outside the core API, whose dependencies never
 reach them, so every route here asks for the user itself (a Bearer JWT, or the UI's session
@@ -15,12 +24,16 @@ writes to the store.
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
 from airflow.api_fastapi.core_api.security import GetUserDep, requires_access_dag
-from fastapi import Depends, FastAPI, HTTPException, Request
+from fastapi import Depends, FastAPI, HTTPException, Query, Request
+from fastapi.responses import HTMLResponse
 
-from sluice.errors import SluiceError
+from sluice import protocol
+from sluice.errors import SluiceError, SourceError
 from sluice.spec import get_spec, load_pipeline_specs
 from sluice.store import Epoch, EpochLog, ManifestEntry
 
@@ -95,12 +108,116 @@ def control(dag_id: str) -> dict[str, Any]:
                                   continuous=spec.data_driven)
         fresh = freshness.measure(spec, log, backlog)
         halted = log.halt_reason(name, spec.control.max_attempts)
+        lease = log.lease_holder(name) if log.has_pipeline(name) else None
         # A halted pipeline's sensor does not fire, whatever the controllers would plan.
         return {"pipeline": name, "adaptive": spec.control.adaptive, "backlog": backlog.as_dict(),
                 "freshness": dict(fresh.as_dict(), alerts=spec.alerts.freshness),
                 "next": dict(verdict.plan(), fire=None if halted else verdict.fire),
-                "state": log.control_state(name), "halted": halted}
+                "state": log.control_state(name), "halted": halted,
+                "lease_holder": lease, "lease_run": _dag_run(lease)}
     except SluiceError as exc:
         raise HTTPException(status_code=409, detail=str(exc)) from None
     finally:
         log.close()
+
+
+def _dag_run(owner: str | None) -> dict[str, str] | None:
+    """The DAG run a lease owner or group owner names, for links into the Airflow UI."""
+    parsed = protocol.LeaseOwner.parse(owner)
+    if parsed is None or parsed.kind != protocol.LeaseOwner.AIRFLOW:
+        return None
+    return {"dag_id": parsed.scope, "run_id": parsed.name}
+
+
+def _spec_or_404(name: str) -> Any:
+    try:
+        return get_spec(name)
+    except SluiceError as exc:
+        raise HTTPException(status_code=404, detail=str(exc)) from None
+
+
+@app.get("/pipelines/{dag_id}/groups", dependencies=CAN_READ)
+def groups(dag_id: str) -> list[dict[str, Any]]:
+    """Every group of the pipeline (all generations), with the DAG run that planned it."""
+    name = dag_id
+    _spec_or_404(name)
+    log = EpochLog()
+    try:
+        if not log.has_pipeline(name):
+            return []
+        return [{"group_id": g.group_id, "state": g.state, "plan": g.plan, "reprocessing": g.reprocessing,
+                 "epoch_ids": g.epoch_ids, "owner": g.owner, "dag_run": _dag_run(g.owner)}
+                for g in log.groups(name)]
+    finally:
+        log.close()
+
+
+@app.get("/pipelines/{dag_id}/rollback-preview", dependencies=CAN_READ)
+def rollback_preview(dag_id: str, to_epoch: int = Query(ge=0)) -> dict[str, Any]:
+    """What ``sluice_rollback`` to ``to_epoch`` would do, from the store and the source: the
+    epochs rolled back (their ranges and the rows they wrote), the table versions each sink
+    goes back to, and the problems that would refuse it. Nothing is changed."""
+    name = dag_id
+    spec = _spec_or_404(name)
+    from sluice.sources import source_for
+
+    log = EpochLog()
+    try:
+        if not log.has_pipeline(name):
+            raise HTTPException(status_code=404, detail=f"pipeline {name!r} has no epochs yet")
+        from sluice.execution import sharing_a_commit
+
+        notes = []
+        try:
+            plan = log.rollback_plan(name, to_epoch)
+            if shared := sharing_a_commit(plan):  # as ``execution.rollback`` does
+                plan = log.rollback_plan(name, shared[0])
+                notes.append(f"epochs {shared} share a Delta commit with epoch {to_epoch}: the tables go back to "
+                             f"before epoch {shared[0]}, and those epochs are recomputed with their recorded ranges")
+        except SluiceError as exc:
+            return {"pipeline": name, "to_epoch": to_epoch, "allowed": False, "problems": [str(exc)], "notes": [],
+                    "rolled_back": [], "kept": 0, "restore_to": {}, "rows_removed": {}}
+        problems = []
+        if plan.rolled_back:
+            try:
+                source_for(spec, log).check_retained(plan.rolled_back[0].start, plan.rolled_back[-1].end)
+            except SourceError as exc:
+                problems.append(f"the source no longer holds the data to recompute: {exc}")
+        pending = log.pending_rollback(name)
+        if pending and pending.get("to_epoch") != to_epoch:
+            problems.append(f"a rollback to epoch {pending.get('to_epoch')} is unfinished; finish it first")
+        keys = sorted({k for e in plan.rolled_back for k in e.delta_versions})
+        restore_to = {k: max((v for e in plan.kept if (v := e.delta_versions.get(k)) is not None), default=0)
+                      for k in keys}
+        rows_removed = {key: sum(e.rows.get(key, 0) for e in plan.rolled_back if e.state not in protocol.UNFINISHED)
+                        for key in ("input", "output", "rejected")}
+        return {"pipeline": name, "to_epoch": to_epoch, "restored_to_epoch": plan.to_epoch,
+                "generation": plan.generation, "allowed": not problems, "problems": problems, "notes": notes,
+                "rolled_back": [{"epoch_id": e.epoch_id, "start": e.start, "end": e.end, "state": e.state,
+                                 "rows": e.rows, "delta_versions": e.delta_versions} for e in plan.rolled_back],
+                "kept": len(plan.kept), "restore_to": restore_to, "rows_removed": rows_removed,
+                "checked_later": "the rollback task checks each Delta table again (vacuumed versions, other "
+                                 "writers since) and refuses with nothing changed"}
+    finally:
+        log.close()
+
+
+_PAGE = Path(__file__).with_name("console.html")
+
+
+def _page(dag_id: str | None) -> HTMLResponse:
+    # The page is static; the pipeline's name reaches its script as JSON, never as markup.
+    html = _PAGE.read_text().replace("__SLUICE_PIPELINE__", json.dumps(dag_id).replace("<", "\\u003c"))
+    return HTMLResponse(html, headers={"Cache-Control": "no-store", "X-Content-Type-Options": "nosniff"})
+
+
+@app.get("/ui", response_class=HTMLResponse)
+def console_list(user: GetUserDep) -> HTMLResponse:
+    """The console's list of pipelines (the Airflow UI shows it under Browse)."""
+    return _page(None)
+
+
+@app.get("/ui/{dag_id}", response_class=HTMLResponse, dependencies=CAN_READ)
+def console_page(dag_id: str) -> HTMLResponse:
+    """A pipeline's console page (the Airflow UI shows it as a tab of the pipeline's DAG)."""
+    return _page(dag_id)

@@ -1,0 +1,238 @@
+"""The operator console in the Airflow UI, in a real browser: Debian's headless Chromium, driven
+by Selenium, logs into a real ``airflow standalone`` (its UI's login sets the session cookie),
+opens the "sluice epochs" tab of a pipeline that ran, reads the epoch table and the plots, and
+rolls the pipeline back through the page (preview, then confirmation). The ``sluice_rollback``
+run the page starts is executed by the real scheduler; the table then equals the oracle from
+the raw files. Screenshots go to ``var/screenshots/`` (the README shows them)."""
+
+from __future__ import annotations
+
+import json
+import secrets
+import shutil
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+
+from sluice import execution, protocol
+from sluice.paths import project_root
+from sluice.spec import PipelineSpec
+from sluice.store import EpochLog
+from tests.airflow import standalone
+from tests.pipelines import assert_matches_oracle, land, make_pipeline
+
+pytestmark = pytest.mark.browser
+
+NAME = "console_ysb"
+USER = "operator"
+SCREENSHOTS = project_root() / "var" / "screenshots"
+
+
+@pytest.fixture(scope="module")
+def ran(spark) -> Iterator[PipelineSpec]:
+    """A pipeline that ran before the server starts: six files, three epochs in two groups."""
+    spec = make_pipeline(NAME, **{"spark.mode": "in_process", "control.epoch_files": 2, "control.group_epochs": 2})
+    land(spec, files=6, seed=41, malformed_fraction=0.02)
+    log = EpochLog()
+    try:
+        execution.run_once(spec, log, spark, drain=True)
+        assert [(e.epoch_id, e.state) for e in log.epochs(NAME)] == [(i, protocol.PUBLISHED) for i in range(3)]
+    finally:
+        log.close()
+    yield spec
+
+
+@dataclass
+class Login:
+    server: standalone.Server
+    password: str
+    token: str
+
+    def client(self) -> httpx.Client:
+        return httpx.Client(base_url=self.server.url, timeout=30.0, headers={"Authorization": f"Bearer {self.token}"})
+
+
+@pytest.fixture(scope="module")
+def server(ran, tmp_path_factory) -> Iterator[Login]:
+    """``airflow standalone`` with a real login: the simple auth manager with one admin user
+    and a password (not every request an admin, as the other real-Airflow tests have it)."""
+    home = tmp_path_factory.mktemp("console") / "airflow"
+    home.mkdir(parents=True)
+    password = secrets.token_urlsafe(12)
+    (home / "passwords.json").write_text(json.dumps({USER: password}))
+    srv = standalone.start(home, extra_env={
+        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS": "False",
+        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": f"{USER}:admin",
+        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(home / "passwords.json")})
+    try:
+        def token() -> str | None:
+            try:
+                with httpx.Client(base_url=srv.url, timeout=30.0) as c:
+                    r = c.post("/auth/token", json={"username": USER, "password": password})
+            except httpx.TransportError:
+                return None
+            return r.json()["access_token"] if r.status_code in (200, 201) else None
+
+        login = Login(srv, password, standalone.wait_for(token, 180, "a token from the api-server", server=srv))
+        with login.client() as client:
+            standalone.wait_healthy(srv, client, timeout=180)
+            for dag_id in (NAME, "sluice_rollback"):
+                standalone.wait_for_dag(srv, client, dag_id, timeout=120)
+        yield login
+    finally:
+        standalone.stop(srv)
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[object]:
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    chromium, driver_path = shutil.which("chromium"), shutil.which("chromedriver")
+    assert chromium and driver_path, "Debian's chromium and chromium-driver (make test-full installs them)"
+    options = webdriver.ChromeOptions()
+    options.binary_location = chromium
+    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1500,1800"):
+        options.add_argument(arg)
+    driver = webdriver.Chrome(options=options, service=Service(driver_path))
+    driver.set_page_load_timeout(60)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+def open_tab(driver, url: str) -> None:
+    """Open an Airflow UI page holding a sluice view, and switch into the view's frame once the
+    console page has rendered."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support import expected_conditions as ec
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    driver.switch_to.default_content()
+    driver.get(url)
+    WebDriverWait(driver, 60).until(ec.frame_to_be_available_and_switch_to_it((By.CSS_SELECTOR, "iframe")))
+    WebDriverWait(driver, 60).until(lambda d: d.find_element(By.TAG_NAME, "body").get_attribute("data-ready"))
+    ready = driver.find_element(By.TAG_NAME, "body").get_attribute("data-ready")
+    assert ready == "true", driver.find_element(By.ID, "error").text
+
+
+def screenshot(driver, name: str) -> None:
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    driver.switch_to.default_content()
+    driver.save_screenshot(str(SCREENSHOTS / f"{name}.png"))
+
+
+def marks(driver, plot: str, series: str) -> list[tuple[float, float]]:
+    from selenium.webdriver.common.by import By
+
+    found = driver.find_elements(By.CSS_SELECTOR, f"svg#{plot} [data-series='{series}'][data-x]")
+    return sorted((float(m.get_attribute("data-x")), float(m.get_attribute("data-y"))) for m in found)
+
+
+def live_rows(driver) -> dict[int, dict[str, str]]:
+    from selenium.webdriver.common.by import By
+
+    rows = {}
+    for tr in driver.find_elements(By.CSS_SELECTOR, "table#epochs tr[data-live='true']"):
+        cells = {c: tr.find_element(By.CSS_SELECTOR, f"td.{c}").text
+                 for c in ("range", "state", "delta", "rows-input", "rows-output", "rows-rejected", "validation")}
+        rows[int(tr.get_attribute("data-epoch"))] = cells
+    return rows
+
+
+def test_the_console_shows_a_pipeline_and_rolls_it_back(ran, server, browser, spark):
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import Select, WebDriverWait
+
+    driver, login = browser, server
+    url = login.server.url
+    # Not logged in yet: the console's page is refused like the API.
+    driver.get(f"{url}/sluice/ui/{NAME}")
+    assert "Not authenticated" in driver.find_element(By.TAG_NAME, "body").text
+    # Airflow's login page (simple auth manager) sets the session cookie the console uses.
+    driver.get(f"{url}/")
+    WebDriverWait(driver, 60).until(lambda d: d.find_elements(By.NAME, "username"))
+    driver.find_element(By.NAME, "username").send_keys(USER)
+    driver.find_element(By.NAME, "password").send_keys(login.password)
+    driver.find_element(By.CSS_SELECTOR, "button[type='submit']").click()
+    WebDriverWait(driver, 60).until(lambda d: any(c["name"] == "_token" for c in d.get_cookies()))
+
+    # The list of pipelines, under Browse.
+    open_tab(driver, f"{url}/plugin/sluice-pipelines")
+    listed = driver.find_element(By.CSS_SELECTOR, f"table#pipelines tr[data-pipeline='{NAME}']").text
+    assert NAME in listed
+
+    # The pipeline's tab: the epoch table and the plots show what the store holds.
+    open_tab(driver, f"{url}/dags/{NAME}/plugin/sluice-epochs")
+    log = EpochLog()
+    epochs = log.epochs(NAME)
+    shown = live_rows(driver)
+    assert sorted(shown) == [e.epoch_id for e in epochs], shown
+    for e in epochs:
+        row = shown[e.epoch_id]
+        assert row["range"] == f"[{e.start}, {e.end})" and row["state"] == "published", row
+        assert row["rows-output"] == str(e.rows["output"]) and row["rows-input"] == str(e.rows["input"]), (row, e.rows)
+        assert row["rows-rejected"] == str(e.rows.get("rejected", 0)), (row, e.rows)
+        assert row["delta"] == " ".join(f"{k}@{v}" for k, v in e.delta_versions.items()), (row, e.delta_versions)
+        assert row["validation"] == "passed", row
+    assert driver.find_element(By.CSS_SELECTOR, "#now-backlog-files b").text == "0"
+    assert marks(driver, "plot-rows", "output") == [(e.epoch_id, e.rows["output"]) for e in epochs]
+    assert marks(driver, "plot-epoch-size", "files") == [(e.epoch_id, e.end - e.start) for e in epochs]
+    assert marks(driver, "plot-k", "k") == [(0, 2), (1, 1)]  # groups of 2 epochs, then 1
+    assert len(marks(driver, "plot-group-time", "coordination")) == 2
+    assert len(marks(driver, "plot-freshness", "freshness")) == 3
+    arrived = marks(driver, "plot-backlog", "arrived")
+    assert [n for _, n in arrived] == list(range(1, 7)), arrived  # six files arrived
+    assert marks(driver, "plot-backlog", "backlog")[-1][1] == 0  # and none is left
+    screenshot(driver, "console-epochs")
+
+    # Roll back through the page: the preview says what goes, then a confirmation. Epoch 1
+    # shares its group's Delta commit with epoch 0, so its preview restores to before epoch 0.
+    driver.switch_to.frame(driver.find_element(By.CSS_SELECTOR, "iframe"))
+
+    def preview(to_epoch: int) -> str:
+        Select(driver.find_element(By.ID, "rollback-to")).select_by_value(str(to_epoch))
+        driver.find_element(By.ID, "rollback-preview-button").click()
+        return WebDriverWait(driver, 30).until(
+            lambda d: d.find_element(By.ID, "preview-epochs").text.startswith("rolls back") and
+            d.find_element(By.ID, "rollback-preview").text)
+
+    driver.find_element(By.ID, "rollback-reason").send_keys("console test: recompute epoch 2")
+    shared = preview(1)
+    assert "rolls back 3 epoch(s): 0 [0, 2), 1 [2, 4), 2 [4, 6); keeps 0" in shared, shared
+    assert "epochs [0] share a Delta commit with epoch 1" in shared, shared
+    text = preview(2)
+    assert "rolls back 1 epoch(s): 2 [4, 6); keeps 2" in text, text
+    assert f"output {epochs[2].rows['output']}," in driver.find_element(By.ID, "preview-rows").text
+    restore = driver.find_element(By.ID, "preview-restore").text
+    assert f"campaign_views to version {epochs[1].delta_versions['campaign_views']}" in restore, restore
+    assert not log.pending_rollback(NAME) and log.generation(NAME) == 0  # a preview changes nothing
+    screenshot(driver, "console-rollback-preview")
+    driver.switch_to.frame(driver.find_element(By.CSS_SELECTOR, "iframe"))
+    driver.find_element(By.ID, "rollback-confirm").click()
+    link = WebDriverWait(driver, 30).until(lambda d: d.find_element(By.CSS_SELECTOR, "#rollback a.run"))
+    run_id = link.get_attribute("data-run-id")
+
+    with login.client() as client:
+        states = standalone.wait_for_run_state(login.server, client, "sluice_rollback", run_id, timeout=400)
+        assert states["rollback"] == "success" and states["checkpoint"] == "success", states
+        run = client.get(f"/api/v2/dags/sluice_rollback/dagRuns/{run_id}").json()
+        assert run["conf"]["pipeline"] == NAME and run["conf"]["to_epoch"] == 2, run
+    assert log.generation(NAME) == 1
+    after = log.epochs(NAME)
+    assert [(e.epoch_id, e.start, e.end, e.state) for e in after] == [
+        (e.epoch_id, e.start, e.end, protocol.PUBLISHED) for e in epochs]
+    assert_matches_oracle(spark, ran, log)
+    log.close()
+
+    # The page shows the new generation, and the rolled-back epochs greyed out.
+    open_tab(driver, f"{url}/dags/{NAME}/plugin/sluice-epochs")
+    gone = driver.find_elements(By.CSS_SELECTOR, "table#epochs tr[data-live='false']")
+    assert sorted(int(tr.get_attribute("data-epoch")) for tr in gone) == [2]
+    assert sorted(live_rows(driver)) == [0, 1, 2]
+    screenshot(driver, "console-after-rollback")
+    assert Path(SCREENSHOTS / "console-epochs.png").stat().st_size > 10_000
