@@ -4,8 +4,8 @@ A copy of the checkout (sharing `.venv` and the Delta jars) with nothing of the 
 settings (no ``SLUICE_STORE_URL``, no test pipelines folder, no Airflow home of the tests):
 ``make airflow`` as documented, log in with the generated admin password, unpause ``ysb``
 through REST, ``make generate``; the table must equal an oracle computed from the raw files
-while the scheduler stays healthy. Then the "Operating a pipeline" section: clear
-``run_group`` of a past run with the README's REST body, ``make rollback``, the README's
+while the scheduler stays healthy. Then "Operating a pipeline" (docs/operating.md): clear
+``run_group`` of a past run with its REST body, ``make rollback``, the README's
 backfill line run by bash as printed, and a landing folder of bad input (a zero-byte file,
 a Latin-1 line, JSON arrays, one 50 MB line, a file that vanishes after it was planned), which
 halts the pipeline at ``control.max_attempts`` until ``make skip-file``; each step ends equal to
@@ -199,7 +199,7 @@ def test_quickstart_unpause_generate_equals_oracle(spark, user):
 
 
 def test_clear_run_group_of_a_past_run_rolls_back_in_one_step(spark, user):
-    """README "Clearing a task rolls back": the REST body as printed, and nothing else."""
+    """docs/operating.md "Clearing a task rolls back": the REST body as printed, and nothing else."""
     runs = [r for r in user.trigger_runs("ysb") if r["state"] == "success"
             and standalone.task_states(user.client, "ysb", r["dag_run_id"]).get("checkpoint") == "success"]
     assert runs, "no ysb run published a group"
