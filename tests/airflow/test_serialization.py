@@ -21,7 +21,7 @@ from airflow.serialization.serialized_objects import DagSerialization
 hashes = {}
 for path in sys.argv[1:]:
     for name, obj in runpy.run_path(path).items():
-        if name.startswith("dag_"):
+        if name.startswith("dag_") and obj is not None:  # sluice_alerts: None without alerts
             hashes[obj.dag_id] = SerializedDagModel.hash(DagSerialization.to_dict(obj))
 print(json.dumps(hashes))
 """
