@@ -71,7 +71,7 @@ $(JARS): | $(STAMP)
 demo: setup
 	@$(PY) include/demo.py
 
-# The everyday loop: everything but the runs on real servers (Postgres, Kafka): about 30 min.
+# The everyday loop: everything but the runs on real servers (Postgres, Kafka) and the browser: 33 min.
 test: setup lint
 	@echo "==> running the test suite (without the Postgres and Kafka runs: make test-full)"
 	@$(PY) -m pytest tests -m "not postgres and not kafka and not browser"
