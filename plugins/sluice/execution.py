@@ -441,6 +441,18 @@ def check_version_restorable(spark: SparkSession, path: str, version: int) -> st
     return None
 
 
+def source_problems(spec: PipelineSpec, epoch_log: EpochLog, plan: RollbackPlan) -> list[str]:
+    """Why the source can no longer give the rolled-back ranges again (files gone, Kafka
+    retention), for a recompute; empty when it can."""
+    if not plan.rolled_back:
+        return []
+    try:
+        source_for(spec, epoch_log).check_retained(plan.rolled_back[0].start, plan.rolled_back[-1].end)
+    except SourceError as exc:
+        return [f"the source no longer holds the data to recompute: {exc}"]
+    return []
+
+
 def check_preconditions(spec: PipelineSpec, epoch_log: EpochLog, spark: SparkSession,
                         plan: RollbackPlan) -> list[TableRestore]:
     """Raise ``RollbackRefusedError`` listing everything that blocks the rollback: files of the
@@ -448,12 +460,7 @@ def check_preconditions(spec: PipelineSpec, epoch_log: EpochLog, spark: SparkSes
     another pipeline wrote to since (its rows would be restored away)."""
     from sluice.sinks.delta import restore_conflict
 
-    problems = []
-    if plan.rolled_back:
-        try:
-            source_for(spec, epoch_log).check_retained(plan.rolled_back[0].start, plan.rolled_back[-1].end)
-        except SourceError as exc:
-            problems.append(f"the source no longer holds the data to recompute: {exc}")
+    problems = source_problems(spec, epoch_log, plan)
     restores = plan_restores(spec, spark, plan)
     for r in restores:
         if r.target is not None:

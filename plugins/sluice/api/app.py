@@ -33,7 +33,7 @@ from fastapi import Depends, FastAPI, HTTPException, Query, Request
 from fastapi.responses import HTMLResponse
 
 from sluice import protocol
-from sluice.errors import SluiceError, SourceError
+from sluice.errors import SluiceError
 from sluice.spec import get_spec, load_pipeline_specs
 from sluice.store import Epoch, EpochLog, ManifestEntry
 
@@ -159,13 +159,12 @@ def rollback_preview(dag_id: str, to_epoch: int = Query(ge=0)) -> dict[str, Any]
     goes back to, and the problems that would refuse it. Nothing is changed."""
     name = dag_id
     spec = _spec_or_404(name)
-    from sluice.sources import source_for
 
     log = EpochLog()
     try:
         if not log.has_pipeline(name):
             raise HTTPException(status_code=404, detail=f"pipeline {name!r} has no epochs yet")
-        from sluice.execution import sharing_a_commit
+        from sluice.execution import sharing_a_commit, source_problems
 
         notes = []
         try:
@@ -177,14 +176,9 @@ def rollback_preview(dag_id: str, to_epoch: int = Query(ge=0)) -> dict[str, Any]
         except SluiceError as exc:
             return {"pipeline": name, "to_epoch": to_epoch, "allowed": False, "problems": [str(exc)], "notes": [],
                     "rolled_back": [], "kept": 0, "restore_to": {}, "rows_removed": {}}
-        problems = []
-        if plan.rolled_back:
-            try:
-                source_for(spec, log).check_retained(plan.rolled_back[0].start, plan.rolled_back[-1].end)
-            except SourceError as exc:
-                problems.append(f"the source no longer holds the data to recompute: {exc}")
+        problems = source_problems(spec, log, plan)
         pending = log.pending_rollback(name)
-        if pending and pending.get("to_epoch") != to_epoch:
+        if pending and pending.get("to_epoch") not in (to_epoch, plan.to_epoch):
             problems.append(f"a rollback to epoch {pending.get('to_epoch')} is unfinished; finish it first")
         keys = sorted({k for e in plan.rolled_back for k in e.delta_versions})
         restore_to = {k: max((v for e in plan.kept if (v := e.delta_versions.get(k)) is not None), default=0)
