@@ -81,6 +81,18 @@ def test_manifest_slices_by_position(log):
     assert log.manifest(P, 6) == []
 
 
+def test_manifest_tail_is_the_entries_from_an_offset_and_the_last_ones_in_one_read(log):
+    assert log.manifest_tail(P, 0, 3) == []
+    log.register_files(P, files(10))
+    log.register_files("other", files(20))
+    positions = [e.position for e in log.manifest_tail(P, 8, 5)]
+    assert positions == [5, 6, 7, 8, 9]  # the last 5 hold [8, 10)
+    assert [e.position for e in log.manifest_tail(P, 2, 5)] == list(range(2, 10))  # [2, 10) holds the last 5
+    assert [e.position for e in log.manifest_tail(P, 10, 3)] == [7, 8, 9]  # nothing from 10 on
+    assert [e.position for e in log.manifest_tail(P, 4, 0)] == [4, 5, 6, 7, 8, 9]
+    assert log.manifest_tail(P, 0, 100) == log.manifest(P)
+
+
 def test_manifests_are_per_pipeline(log):
     log.register_files("a", files(2))
     log.register_files("b", files(1))

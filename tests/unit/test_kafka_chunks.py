@@ -3,6 +3,7 @@ and the spec rules of a Kafka source (no broker, no Spark)."""
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from itertools import pairwise
 
 import pytest
@@ -12,6 +13,7 @@ from sluice.errors import SourceError, SpecError
 from sluice.paths import project_root
 from sluice.sources.kafka import Chunk, chunk_ranges, merge_adjacent, partition_ranges
 from sluice.spec import load_spec
+from sluice.store import EpochLog
 
 
 def test_offsets_are_cut_into_chunks_that_cover_them_once():
@@ -39,6 +41,32 @@ def test_partition_ranges_and_adjacent_chunks_of_one_epoch_merge():
         (Chunk("t", 0, 0, 100), 1), (Chunk("t", 0, 200, 300), 1)]
 
 
+def test_the_stores_chunk_ends_are_each_partitions_highest_end(db_url):
+    """``EpochLog.chunk_ends`` (one SQL aggregate, SQLite and Postgres) against a scan of the
+    chunks parsed in Python: numeric ends (not text order), chunks registered out of offset
+    order (by first-record timestamp), other topics and pipelines left out."""
+    topic = "ysb.events-1"
+    chunks = [Chunk(topic, 0, a, b) for a, b in chunk_ranges(0, 1234, 100)] + \
+        [Chunk(topic, 1, a, b) for a, b in chunk_ranges(99_990, 100_011, 10)] + \
+        [Chunk(topic, 12, 5, 9), Chunk(topic, 2, 7, 8)]
+    ts = [1000.0 - i for i in range(len(chunks))]  # the last chunks' records are the oldest
+    others = [Chunk("ysb", 0, 0, 5000).path, Chunk("YSB.EVENTS-1", 3, 0, 10).path, Chunk("ysb.events", 0, 0, 9).path,
+              "/landing/ysb-000001.json"]
+    log = EpochLog(db_url)
+    try:
+        assert log.chunk_ends("k", Chunk.prefix(topic)) == {}
+        log.register_files("k", [(c.path, c.end - c.start, t) for c, t in zip(chunks, ts, strict=True)]
+                           + [(path, 1, 1.0) for path in others])
+        log.register_files("k2", [(Chunk(topic, 0, 0, 99_999).path, 1, 1.0)])
+        scanned: dict[int, int] = {}
+        for c in chunks:
+            scanned[c.partition] = max(scanned.get(c.partition, 0), c.end)
+        assert log.chunk_ends("k", Chunk.prefix(topic)) == scanned == {0: 1234, 1: 100_011, 12: 9, 2: 8}
+        assert log.chunk_ends("k", Chunk.prefix("ysb")) == {0: 5000}
+    finally:
+        log.close()
+
+
 def kafka_spec(tmp_path, **control):
     raw = yaml.safe_load((project_root() / "include" / "pipelines" / "ysb_kafka.yaml").read_text())
     raw["control"].update(control)
@@ -63,3 +91,49 @@ def test_a_kafka_spec_error_names_the_field_as_the_yaml_does(tmp_path):
     path.write_text(yaml.safe_dump(raw))
     with pytest.raises(SpecError, match=r"ysb_kafka.yaml: invalid pipeline spec: source.chunk_records: "):
         load_spec(path)
+
+
+class FakeBroker:
+    """Partitions and their watermarks, and each record's timestamp (5000 s + 10 s per partition
+    + 1 ms per offset), in place of the broker calls of ``KafkaSource``."""
+
+    def __init__(self, marks: dict[int, tuple[int, int]]) -> None:
+        self.marks = marks
+
+    def install(self, monkeypatch, source) -> None:
+        monkeypatch.setattr(source, "_consumer", lambda: nullcontext(None))
+        monkeypatch.setattr(source, "_partitions", lambda consumer: sorted(self.marks))
+        monkeypatch.setattr(source, "_watermarks", lambda consumer, ps: {p: self.marks[p] for p in ps})
+        monkeypatch.setattr(source, "_timestamp", lambda consumer, p, offset: 5000.0 + 10 * p + offset / 1000)
+
+
+@pytest.mark.parametrize("recent", [2, 4, 500])
+def test_backlog_counts_planned_registered_and_unregistered_chunks(tmp_path, monkeypatch, recent):
+    """``KafkaSource.backlog`` from the manifest and a fake broker: chunks registered and not
+    planned, records not registered yet (a partition's growth, a new partition), the oldest
+    record's age, and the recent chunks' arrival times (``RECENT_CHUNKS`` of them)."""
+    from sluice.sources import kafka
+
+    monkeypatch.setattr(kafka, "RECENT_CHUNKS", recent)
+    monkeypatch.setattr(kafka.time, "time", lambda: 6000.0)
+    spec = load_spec(kafka_spec(tmp_path))  # topic ysb, chunk_records 1000
+    log = EpochLog(f"sqlite:///{tmp_path}/s.db")
+    try:
+        source = kafka.KafkaSource(spec, log)
+        broker = FakeBroker({0: (0, 2500), 1: (0, 1000), 2: (0, 300)})
+        broker.install(monkeypatch, source)
+        assert source.discover() == 5
+        assert [e.path for e in log.manifest(spec.name)] == [
+            "kafka://ysb/0/0-1000", "kafka://ysb/0/1000-2000", "kafka://ysb/0/2000-2500", "kafka://ysb/1/0-1000",
+            "kafka://ysb/2/0-300"]
+        lease = log.acquire_lease(spec.name, "run")
+        log.plan_group(lease, epoch_size=2, k=1)  # [0, 2) planned
+        broker.marks.update({0: (0, 3100), 3: (0, 50)})  # partition 0 grew; partition 3 is new
+        backlog = source.backlog()
+        assert (backlog.files, backlog.records, backlog.next_offset) == (5, 500 + 1000 + 300 + 600 + 50, 2)
+        assert backlog.oldest_age_s == 6000.0 - 5002.0
+        mtimes = [5000.0, 5001.0, 5002.0, 5010.0, 5020.0]
+        assert backlog.arrivals == (*mtimes[-recent:], 5002.5, 5030.0)
+        assert source.discover() == 7 and source._registered_ends() == {0: 3100, 1: 1000, 2: 300, 3: 50}
+    finally:
+        log.close()

@@ -1,14 +1,17 @@
 """The backlog triggers, in the triggerer: ``BacklogTrigger`` waits until a pipeline's next group
 should start (the deferred sensor of a ``@continuous`` DAG run); ``BacklogEventTrigger`` creates
-the DAG run itself then (``schedule: "@backlog"``, event-driven scheduling)."""
+the DAG run itself then (``schedule: "@backlog"``, event-driven scheduling). ``FreshnessTrigger``
+watches a pipeline's freshness; the two event triggers share one poll loop (``poll_forever``)
+and one poll of the source (``poll_source``)."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator
-from typing import Any
+from collections.abc import AsyncIterator, Callable
+from contextlib import aclosing
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from airflow.triggers.base import BaseEventTrigger, BaseTrigger, TriggerEvent
 from sqlalchemy import make_url
@@ -16,7 +19,47 @@ from sqlalchemy import make_url
 from sluice import adaptive, protocol
 from sluice.store import EpochLog
 
+if TYPE_CHECKING:
+    from sluice.sources import Backlog
+    from sluice.spec import PipelineSpec
+
 log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+def poll_source(spec: PipelineSpec, epoch_log: EpochLog) -> Backlog:
+    """The source's backlog: the one poll of the source that both the backlog triggers
+    (``check_backlog``) and the freshness trigger (``measure_freshness``) make. Blocking."""
+    from sluice.sources import source_for
+
+    return source_for(spec, epoch_log).backlog()
+
+
+async def poll_forever(pipeline: str, what: str, poll_interval: float,
+                       poll: Callable[[EpochLog], T]) -> AsyncIterator[T]:
+    """The event triggers' loop: every ``poll_interval`` seconds, ``poll`` (blocking) runs in a
+    thread on one store (``$SLUICE_STORE_URL`` or the ``sluice_store`` connection, opened for
+    the life of the loop) and its result is yielded. A poll that fails yields nothing: it is
+    logged once per distinct error and retried. Iterate it under ``contextlib.aclosing``, so
+    the store is closed as soon as the trigger stops."""
+    reported: str | None = None
+    epoch_log = await asyncio.to_thread(EpochLog)
+    try:
+        while True:
+            try:
+                result = await asyncio.to_thread(poll, epoch_log)
+            except Exception as exc:
+                message = f"{type(exc).__name__}: {exc}"
+                if message != reported:  # once per distinct error, not at every poll
+                    log.error("pipeline %s: the %s poll failed (retrying every %.0f s): %s",
+                              pipeline, what, poll_interval, message)
+                    reported = message
+            else:
+                reported = None
+                yield result
+            await asyncio.sleep(poll_interval)
+    finally:
+        epoch_log.close()
 
 
 def check_backlog(pipeline: str, store_url: str | None, min_files: int = 1, epoch_log: EpochLog | None = None,
@@ -28,7 +71,6 @@ def check_backlog(pipeline: str, store_url: str | None, min_files: int = 1, epoc
     (epoch size, k, partitions, reason) comes from the adaptive controllers
     (``sluice.adaptive``). Blocking (file listing, SQL): the trigger runs it in a thread.
     """
-    from sluice.sources import source_for
     from sluice.spec import get_spec
 
     spec = get_spec(pipeline)
@@ -36,7 +78,7 @@ def check_backlog(pipeline: str, store_url: str | None, min_files: int = 1, epoc
     try:
         if log.halt_reason(spec.name, spec.control.max_attempts):
             return None  # a halted pipeline waits for an operator (recover, skip a file, roll back)
-        backlog = source_for(spec, log).backlog()
+        backlog = poll_source(spec, log)
         verdict = adaptive.decide(spec, log, backlog.files, backlog.oldest_age_s, list(backlog.arrivals),
                                   continuous=continuous)
         if backlog.files >= min_files and verdict.fire is not None:
@@ -189,40 +231,27 @@ class BacklogEventTrigger(BaseEventTrigger):
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
         fired: tuple[int, float] | None = None
-        reported: str | None = None
-        epoch_log = await asyncio.to_thread(EpochLog)
-        try:
-            while True:
-                try:
-                    ready = await asyncio.to_thread(check_backlog, self.pipeline, None, 1, epoch_log, True)
-                    reported = None
-                except Exception as exc:
-                    message = f"{type(exc).__name__}: {exc}"
-                    if message != reported:  # once per distinct error, not at every poll
-                        log.error("pipeline %s: the backlog poll failed (retrying every %.0f s): %s",
-                                  self.pipeline, self.poll_interval, message)
-                        reported = message
-                    ready = None
-                if ready is not None:
-                    offset = int(ready["backlog"]["next_offset"])
-                    active = await asyncio.to_thread(active_runs, self.dag_id)
-                    now = time.monotonic()
-                    if should_fire(True, active, offset, fired, now, self.settle_s):
-                        fired = (offset, now)
-                        yield TriggerEvent({"pipeline": self.pipeline, **ready})
-                await asyncio.sleep(self.poll_interval)
-        finally:
-            epoch_log.close()
+        polls = poll_forever(self.pipeline, "backlog", self.poll_interval,
+                             lambda epoch_log: check_backlog(self.pipeline, None, 1, epoch_log, continuous=True))
+        async with aclosing(polls):
+            async for ready in polls:
+                if ready is None:
+                    continue
+                offset = int(ready["backlog"]["next_offset"])
+                active = await asyncio.to_thread(active_runs, self.dag_id)
+                now = time.monotonic()
+                if should_fire(True, active, offset, fired, now, self.settle_s):
+                    fired = (offset, now)
+                    yield TriggerEvent({"pipeline": self.pipeline, **ready})
 
 
 def measure_freshness(pipeline: str, epoch_log: EpochLog) -> dict[str, Any]:
     """One observation of the pipeline's freshness (blocking: the source's backlog, SQL)."""
     from sluice import freshness
-    from sluice.sources import source_for
     from sluice.spec import get_spec
 
     spec = get_spec(pipeline)
-    return freshness.measure(spec, epoch_log, source_for(spec, epoch_log).backlog()).as_dict()
+    return freshness.measure(spec, epoch_log, poll_source(spec, epoch_log)).as_dict()
 
 
 class FreshnessTrigger(BaseEventTrigger):
@@ -244,25 +273,11 @@ class FreshnessTrigger(BaseEventTrigger):
         from sluice.freshness import transition
 
         breached: bool | None = None
-        reported: str | None = None
-        epoch_log = await asyncio.to_thread(EpochLog)
-        try:
-            while True:
-                try:
-                    observed = await asyncio.to_thread(measure_freshness, self.pipeline, epoch_log)
-                    reported = None
-                except Exception as exc:
-                    message = f"{type(exc).__name__}: {exc}"
-                    if message != reported:
-                        log.error("pipeline %s: the freshness poll failed (retrying every %.0f s): %s",
-                                  self.pipeline, self.poll_interval, message)
-                        reported = message
-                    observed = None
-                if observed is not None:
-                    change = transition(breached, observed["breached"])
-                    breached = observed["breached"]
-                    if change:
-                        yield TriggerEvent({"change": change, **observed})
-                await asyncio.sleep(self.poll_interval)
-        finally:
-            epoch_log.close()
+        polls = poll_forever(self.pipeline, "freshness", self.poll_interval,
+                             lambda epoch_log: measure_freshness(self.pipeline, epoch_log))
+        async with aclosing(polls):
+            async for observed in polls:
+                change = transition(breached, observed["breached"])
+                breached = observed["breached"]
+                if change:
+                    yield TriggerEvent({"change": change, **observed})

@@ -171,7 +171,7 @@ def rollback_preview(dag_id: str, to_epoch: int = Query(ge=0)) -> dict[str, Any]
                     "rolled_back": [], "kept": 0, "restore_to": {}, "rows_removed": {}}
         problems = source_problems(spec, log, plan)
         pending = log.pending_rollback(name)
-        if pending and pending.get("to_epoch") != to_epoch:
+        if pending and pending.get("to_epoch") not in (to_epoch, plan.to_epoch):
             problems.append(f"a rollback to epoch {pending.get('to_epoch')} is unfinished; finish it first")
         keys = sorted({k for e in plan.rolled_back for k in e.delta_versions})
         restore_to = {k: max((v for e in plan.kept if (v := e.delta_versions.get(k)) is not None), default=0)

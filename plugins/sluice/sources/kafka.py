@@ -68,9 +68,14 @@ class Chunk:
             raise SourceError(f"{path!r} is not a Kafka chunk (kafka://<topic>/<partition>/<start>-<end>)")
         return cls(match["topic"], int(match["partition"]), int(match["start"]), int(match["end"]))
 
+    @staticmethod
+    def prefix(topic: str) -> str:
+        """What the paths of a topic's chunks start with."""
+        return f"kafka://{topic}/"
+
     @property
     def path(self) -> str:
-        return f"kafka://{self.topic}/{self.partition}/{self.start}-{self.end}"
+        return f"{self.prefix(self.topic)}{self.partition}/{self.start}-{self.end}"
 
 
 def chunk_ranges(start: int, end: int, size: int) -> list[tuple[int, int]]:
@@ -165,12 +170,9 @@ class KafkaSource(Source):
                           f"within {TIMEOUT_S:.0f} s")
 
     def _registered_ends(self) -> dict[int, int]:
-        """Per partition, the end of its last registered chunk."""
-        ends: dict[int, int] = {}
-        for path, _, _ in self.log.known_files(self.spec.name):
-            chunk = Chunk.parse(path)
-            ends[chunk.partition] = max(ends.get(chunk.partition, 0), chunk.end)
-        return ends
+        """Per partition, the end of its last registered chunk (the store's aggregate over the
+        topic's chunks, not a scan of the manifest)."""
+        return self.log.chunk_ends(self.spec.name, Chunk.prefix(self.topic))
 
     def _unregistered(self, consumer: Consumer, ends: dict[int, int]) -> dict[int, tuple[int, int]]:
         """Per partition, the offsets written and not registered yet, ``(start, high)``;
@@ -207,9 +209,10 @@ class KafkaSource(Source):
         """Chunks registered and not planned, plus the records not registered yet: their count
         (the sum of the partitions' lags) and the age of the oldest (its timestamp)."""
         next_offset = self.log.next_offset(self.spec.name)
-        pending = self.log.manifest(self.spec.name, start=next_offset)
-        manifest_end = next_offset + len(pending)
-        recent = self.log.manifest(self.spec.name, start=max(0, manifest_end - RECENT_CHUNKS))
+        # One read of the manifest: the unplanned chunks and the recent ones (for the arrivals).
+        entries = self.log.manifest_tail(self.spec.name, next_offset, RECENT_CHUNKS)
+        pending = [e for e in entries if e.position >= next_offset]
+        recent = entries[-RECENT_CHUNKS:]
         with self._consumer() as consumer:
             unregistered = self._unregistered(consumer, self._registered_ends())
             first = [self._timestamp(consumer, p, start) for p, (start, _) in unregistered.items()]

@@ -18,9 +18,9 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Engine, create_engine, event, func, select
+from sqlalchemy import BigInteger, Engine, cast, create_engine, event, func, or_, select
 from sqlalchemy.exc import IntegrityError
-from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.orm import Session, aliased, sessionmaker
 
 from sluice import protocol
 from sluice.errors import FencedError, PipelineBusyError, ProtocolError
@@ -423,6 +423,33 @@ class EpochLog:
                 stmt = stmt.where(SourceFileRow.position < end)
             rows = s.scalars(stmt.order_by(SourceFileRow.position))
             return [ManifestEntry.of(r) for r in rows]
+
+    def manifest_tail(self, pipeline: str, start: int, last: int) -> list[ManifestEntry]:
+        """The entries from position ``start`` on, together with the manifest's ``last`` last
+        entries wherever they start, by position: what a backlog poll reads, in one query."""
+        with self._tx() as s:
+            other = aliased(SourceFileRow)  # not correlated with the outer query's rows
+            end = select(func.max(other.position)).where(other.pipeline == pipeline).scalar_subquery()
+            rows = s.scalars(select(SourceFileRow).where(
+                SourceFileRow.pipeline == pipeline,
+                or_(SourceFileRow.position >= start, SourceFileRow.position > end - last),
+            ).order_by(SourceFileRow.position))
+            return [ManifestEntry.of(r) for r in rows]
+
+    def chunk_ends(self, pipeline: str, prefix: str) -> dict[int, int]:
+        """Per key, the highest ``end`` of the manifest's paths ``<prefix><key>/<start>-<end>``
+        (integers): a Kafka source's chunks, ``prefix`` ``kafka://<topic>/``, key the partition.
+        One aggregate query, however long the manifest; other paths are left out."""
+        path = SourceFileRow.path
+        strpos = func.instr if self.engine.dialect.name == "sqlite" else func.strpos  # same arguments
+        rest = func.substr(path, len(prefix) + 1)  # <key>/<start>-<end>
+        chunks = select(
+            cast(func.substr(rest, 1, strpos(rest, "/") - 1), BigInteger).label("key"),
+            cast(func.substr(rest, strpos(rest, "-") + 1), BigInteger).label("end"),
+        ).where(SourceFileRow.pipeline == pipeline, func.substr(path, 1, len(prefix)) == prefix).subquery()
+        with self._tx() as s:
+            return {int(key): int(end) for key, end in s.execute(
+                select(chunks.c.key, func.max(chunks.c.end)).group_by(chunks.c.key))}
 
     def skip_file(self, pipeline: str, path: str, *, by: str, reason: str) -> tuple[ManifestEntry, list[int]]:
         """Leave a registered file out of its epoch on purpose, recorded (who, when, why).
