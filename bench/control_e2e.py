@@ -1,6 +1,6 @@
 """The adaptive controllers on real Spark: YSB events land at a sinusoidal rate, the backlog
 trigger's decision (``sluice.adaptive.decide``) starts each group as its own run-once Spark
-application (``jobs/run_group.py``, a fresh JVM each time, as under Airflow), and the epoch
+application (``sluice run-group``, a fresh JVM each time, as under Airflow), and the epoch
 log gives epoch size, k, partitions and freshness per group.
 
     python -m bench.control_e2e [--duration 720] [--period 360] [--mean-rate 1500]
@@ -75,6 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     configure()
     from sluice import adaptive
+    from sluice.paths import RUN_GROUP_APP
     from sluice.sources import FileSource
     from sluice.spec import get_spec
     from sluice.store import EpochLog
@@ -99,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
             continue
         plan = dict(verdict.plan(), fired_at=time.time())
         t0 = time.time()
-        proc = subprocess.run([sys.executable, str(ROOT / "jobs" / "run_group.py"), "--pipeline", NAME, "--plan",
+        proc = subprocess.run([sys.executable, str(RUN_GROUP_APP), "--pipeline", NAME, "--plan",
                                "--epoch-size", str(plan["epoch_size"]), "-k", str(plan["k"]),
                                "--plan-extra", json.dumps(plan)], capture_output=True, text=True)
         if proc.returncode != 0:

@@ -11,7 +11,7 @@ Per input rate (low, medium, high; one file per second) events land for ``window
   start-up is amortised over a life of days).
 * **sluice**, under ``control.objective: cost``: the decision of ``sluice.adaptive.decide``
   (the same the backlog trigger takes, freshness SLA 60 s) starts each group as a run-once
-  application (``jobs/run_group.py --plan``), with its own JVM (charged: each application's
+  application (``sluice run-group --plan``), with its own JVM (charged: each application's
   whole process tree, start-up included) or as a client of a warm Spark Connect server
   (charged: the clients plus the server's whole CPU over the window, idle included); plus the
   Airflow task processes of a group (``airflow_cpu_s_per_group``, measured under Connect in
@@ -191,6 +191,7 @@ def sluice_connect(work: Path, rate_name: str, rate: int, window: float) -> dict
 def sluice(work: Path, rate_name: str, rate: int, window: float, tag: str = "submit",
            env: dict[str, str] | None = None) -> dict[str, Any]:
     from sluice import adaptive
+    from sluice.paths import RUN_GROUP_APP
     from sluice.sources import FileSource
     from sluice.store import EpochLog
 
@@ -221,7 +222,7 @@ def sluice(work: Path, rate_name: str, rate: int, window: float, tag: str = "sub
             time.sleep(spec.control.poll_interval_s)
             continue
         plan = dict(verdict.plan(), fired_at=time.time())
-        proc = subprocess.Popen([sys.executable, str(ROOT / "jobs" / "run_group.py"), "--pipeline", spec.name,
+        proc = subprocess.Popen([sys.executable, str(RUN_GROUP_APP), "--pipeline", spec.name,
                                  "--plan", "--store-url", store, "--epoch-size", str(plan["epoch_size"]),
                                  "-k", str(plan["k"]), "--plan-extra", json.dumps(plan)],
                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,

@@ -7,9 +7,7 @@ table) as an import error naming the file and the field.
 
 from __future__ import annotations
 
-from sluice.airflow.dag_factory import build_dag
+from sluice.airflow.dag_factory import pipeline_dags
 from sluice.spec import load_pipeline_specs
 
-_specs, _ = load_pipeline_specs()
-for _spec in _specs.values():
-    globals()[f"dag_{_spec.name}"] = build_dag(_spec)
+globals().update(pipeline_dags(load_pipeline_specs()[0]))

@@ -7,8 +7,6 @@ pipelines' DAGs load from ``sluice_pipelines.py``.
 
 from __future__ import annotations
 
-from sluice.spec import load_pipeline_specs
+from sluice.spec import raise_spec_errors
 
-_, _errors = load_pipeline_specs()
-if _errors:
-    raise ImportError("broken pipeline specs: " + " | ".join(_errors))
+raise_spec_errors()

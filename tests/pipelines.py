@@ -37,7 +37,11 @@ def make_pipeline(name: str, base: str = "ysb", tables: str | None = None, **ove
             raw[section] = value
     path = Path(os.environ["SLUICE_PIPELINES_DIR"]) / f"{name}.yaml"
     path.write_text(yaml.safe_dump(raw, sort_keys=False))
-    spec = load_spec(path)
+    try:
+        spec = load_spec(path)
+    except Exception:  # an invalid spec a test expects must not break the session's DAG folder
+        path.unlink()
+        raise
     if spec.source.type == "files":
         spec.landing_dir.mkdir(parents=True, exist_ok=True)
     return spec

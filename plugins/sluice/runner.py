@@ -2,8 +2,8 @@
 sinks exactly once, record the commit (steps 3 and 4 of the protocol; ``sluice.execution``
 tells the whole story and calls this).
 
-This is the Spark side of sluice; ``jobs/run_group.py`` is its command line, used by
-``spark-submit`` and in-process alike.
+This is the Spark side of sluice; ``sluice run-group`` is its command line (under spark-submit,
+``sluice/jobs/run_group.py``), used by ``spark-submit`` and in-process alike.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 from sluice import faults, protocol, validation
 from sluice.errors import FencedError, PipelineHaltedError, SharedTableError, SluiceError
-from sluice.paths import project_root
+from sluice.paths import transforms_dir
 from sluice.sinks.delta import DeltaSink, EpochRange, SinkCommit, describe, rejected_sink
 from sluice.sources import source_for
 from sluice.spark import is_connect
@@ -38,13 +38,13 @@ REJECTED_COLUMNS = ("pipeline", "epoch", "generation", "file", "line", "reason",
 
 
 def load_transform(name: str) -> Callable[..., Any]:
-    """Import ``module.function`` from ``jobs/transforms``, or ``package.module.function``
-    from anywhere on the Python path."""
+    """Import ``module.function`` from the transforms folder (``paths.transforms_dir``), or
+    ``package.module.function`` from anywhere on the Python path."""
     module_name, _, func = name.rpartition(".")
-    jobs = str(project_root() / "jobs")
-    if jobs not in sys.path:
-        sys.path.insert(0, jobs)
-    where = f"jobs/transforms/{module_name}.py" if "." not in module_name else module_name
+    folder = transforms_dir()
+    if str(folder.parent) not in sys.path:
+        sys.path.insert(0, str(folder.parent))
+    where = str(folder / f"{module_name}.py") if "." not in module_name else module_name
     try:
         module = importlib.import_module(f"transforms.{module_name}" if "." not in module_name else module_name)
     except ModuleNotFoundError as exc:

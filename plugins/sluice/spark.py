@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from sluice.paths import jars_dir, project_root
+from sluice.paths import JOBS_DIR, jars_dir, transforms_dir
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -116,7 +116,7 @@ RUN_ONCE_JAVA_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
 def spark_conf(extra: dict[str, str] | None = None, run_once: bool = True) -> dict[str, str]:
     """The Spark settings sluice uses, for a builder or for ``spark-submit --conf``.
 
-    FAIR scheduling with the pools of ``jobs/fairscheduler.xml``: concurrent epochs of a group
+    FAIR scheduling with the pools of ``sluice/jobs/fairscheduler.xml``: concurrent epochs of a group
     share the cores by weight (older first); sequential jobs behave as under FIFO.
     ``run_once``: a driver that ends with its group (``RUN_ONCE_JAVA_OPTIONS``), not a server.
     """
@@ -124,17 +124,18 @@ def spark_conf(extra: dict[str, str] | None = None, run_once: bool = True) -> di
     if run_once:
         conf["spark.driver.extraJavaOptions"] = RUN_ONCE_JAVA_OPTIONS
     conf["spark.scheduler.mode"] = "FAIR"
-    conf["spark.scheduler.allocation.file"] = str(project_root() / "jobs" / "fairscheduler.xml")
+    conf["spark.scheduler.allocation.file"] = str(JOBS_DIR / "fairscheduler.xml")
     conf.update(extra or {})
     return conf
 
 
 def python_files(transform: str | None = None) -> str:
     """A zip of the Python code executors may run (``--py-files``, ``addPyFile``): the ``sluice``
-    package, ``jobs/transforms`` as ``transforms``, and the module of a ``package.module.function``
-    transform with its packages' ``__init__``. On a cluster the executors' machines have none of
-    it; a transform's UDF runs there. Built once per content (the name carries a hash of the
-    files' paths, sizes and times), atomically, under the data folder."""
+    package, the transforms folder (``paths.transforms_dir``) as ``transforms``, and the module
+    of a ``package.module.function`` transform with its packages' ``__init__``. On a cluster the
+    executors' machines have none of it; a transform's UDF runs there. Built once per content
+    (the name carries a hash of the files' paths, sizes and times), atomically, under the data
+    folder."""
     import hashlib
     import importlib.util
     import zipfile
@@ -149,7 +150,7 @@ def python_files(transform: str | None = None) -> str:
                 members[f"{prefix}/{path.relative_to(folder).as_posix()}"] = path
 
     tree(Path(__file__).resolve().parent, "sluice")
-    tree(project_root() / "jobs" / "transforms", "transforms")
+    tree(transforms_dir(), "transforms")
     module_name = transform.rpartition(".")[0] if transform else ""
     if "." in module_name:  # a package.module transform outside jobs/transforms
         found = importlib.util.find_spec(module_name)
@@ -237,7 +238,7 @@ def connect_server_command(master: str = "local[*]", port: int = 15002, host: st
     cmd = [str(Path(_find_spark_home()) / "bin" / "spark-submit"), "--class", CONNECT_SERVER_CLASS,
            "--name", "sluice-connect", "--master", master, "--jars", ",".join(spark_jars()),
            "--driver-java-options",
-           f"-Dlog4j2.configurationFile=file:{project_root() / 'jobs' / 'log4j2.properties'}"]
+           f"-Dlog4j2.configurationFile=file:{JOBS_DIR / 'log4j2.properties'}"]
     for key, value in conf.items():
         cmd += ["--conf", f"{key}={value}"]
     return cmd

@@ -225,7 +225,9 @@ class PipelineSpec(_Strict):
     source: Annotated[Annotated[SourceSpec, Tag("files")] | Annotated[KafkaSourceSpec, Tag("kafka")],
                       Discriminator(_source_kind)] = Field(description="where the records come from, by `type`")
     transform: str = Field(pattern=r"^[a-z_][a-z0-9_]*(\.[a-z_][a-z0-9_]*)+$",
-                           description="module.function in jobs/transforms, or package.module.function")
+                           description="module.function in the transforms folder (jobs/transforms/ of a "
+                                       "checkout, transforms/ beside the specs of an installed sluice), or "
+                                       "package.module.function")
     reference: dict[str, str] = Field(default_factory=dict, description="name -> CSV file")
     sinks: list[SinkSpec] = Field(min_length=1, description="the Delta tables written, one or more")
     partitioning: Literal["hash", "prompt"] = Field(
@@ -449,6 +451,14 @@ def load_pipeline_specs(folder: str | Path | None = None) -> tuple[dict[str, Pip
         for name in names:
             specs.pop(name, None)
     return specs, errors
+
+
+def raise_spec_errors(folder: str | Path | None = None) -> None:
+    """Raise the folder's spec errors as one ``ImportError``: what a DAG file does so that the
+    Airflow UI shows them as its import error."""
+    _, errors = load_pipeline_specs(folder)
+    if errors:
+        raise ImportError("broken pipeline specs: " + " | ".join(errors))
 
 
 def get_spec(name: str) -> PipelineSpec:

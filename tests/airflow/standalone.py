@@ -50,11 +50,11 @@ class Server:
         return httpx.Client(base_url=self.url, timeout=30.0)
 
 
-def server_env(home: Path, port: int) -> dict[str, str]:
-    """The server's environment: the test session's (``SLUICE_*``, ``AIRFLOW_CONN_SPARK_DEFAULT``,
-    ``PYSPARK_PYTHON``, the DAG and plugins folders, the venv first on PATH; see
-    ``tests/conftest.py``) with its own Airflow home, DB and ports."""
-    env = {k: v for k, v in os.environ.items() if k != "AIRFLOW__CORE__UNIT_TEST_MODE"}
+def server_env(home: Path, port: int, base: dict[str, str] | None = None) -> dict[str, str]:
+    """The server's environment: ``base``, by default the test session's (``SLUICE_*``,
+    ``AIRFLOW_CONN_SPARK_DEFAULT``, ``PYSPARK_PYTHON``, the DAG and plugins folders, the venv
+    first on PATH; see ``tests/conftest.py``), with its own Airflow home, DB and ports."""
+    env = {k: v for k, v in (os.environ if base is None else base).items() if k != "AIRFLOW__CORE__UNIT_TEST_MODE"}
     env.update({
         "AIRFLOW_HOME": str(home),
         "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{home / 'airflow.db'}",
@@ -80,18 +80,20 @@ def airflow_command() -> str:
     return str(Path(sys.executable).parent / "airflow")
 
 
-def start(home: Path, command: tuple[str, ...] = ("standalone",), extra_env: dict[str, str] | None = None) -> Server:
+def start(home: Path, command: tuple[str, ...] = ("standalone",), extra_env: dict[str, str] | None = None,
+          base_env: dict[str, str] | None = None, airflow: str | None = None) -> Server:
     """Start ``airflow standalone`` (or another ``airflow`` command, with ``extra_env``) in a
-    new session (its own process group)."""
+    new session (its own process group). ``base_env`` replaces the test session's environment
+    and ``airflow`` the venv's command (a fresh install's)."""
     home.mkdir(parents=True, exist_ok=True)
     port = free_port()
-    env = {**server_env(home, port), **(extra_env or {})}
+    env = {**server_env(home, port, base_env), **(extra_env or {})}
     marker = uuid.uuid4().hex
     env[MARKER] = marker
     log_path = home / "standalone.out"
     log_file = log_path.open("wb")
     proc = subprocess.Popen(
-        [airflow_command(), *command],
+        [airflow or airflow_command(), *command],
         cwd=home, env=env, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
         start_new_session=True,
     )

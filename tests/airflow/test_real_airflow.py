@@ -6,7 +6,7 @@ role, as a deployment has them; the README's path on SQLite is ``tests/acceptanc
 What ``dag.test()`` cannot show, shown here:
 * the backlog sensor defers and the *real* triggerer imports ``sluice.airflow.triggers.
   BacklogTrigger`` from the plugins folder, polls an empty folder, and fires once data lands;
-* ``run_group`` runs ``jobs/run_group.py`` through spark-submit from a LocalExecutor worker,
+* ``run_group`` runs ``sluice/jobs/run_group.py`` through spark-submit from a LocalExecutor worker,
   and task code reaches the epoch store while Airflow blocks its metadata DB;
 * ``@continuous`` starts the next group run by itself; a cron pipeline (``in_process`` Spark
   inside the worker) runs on its schedule;

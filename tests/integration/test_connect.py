@@ -1,6 +1,6 @@
 """sluice through a warm Spark Connect server (``spark.remote``): the server is started here
 (``sluice.spark.start_connect_server``, the command ``python -m sluice.spark connect-server`` runs),
-and a group runs as ``jobs/run_group.py`` with ``SLUICE_SPARK_REMOTE`` set, which is what an
+and a group runs as ``sluice/jobs/run_group.py`` with ``SLUICE_SPARK_REMOTE`` set, which is what an
 Airflow worker does when the variable is set: no JVM of its own. The tables are then read back
 with the test session and compared with the oracle."""
 
@@ -15,7 +15,7 @@ from collections.abc import Iterator
 import pytest
 
 from sluice import protocol
-from sluice.paths import project_root
+from sluice.paths import RUN_GROUP_APP
 from sluice.sinks.delta import committed_txn_version
 from sluice.spark import start_connect_server
 from sluice.store import EpochLog
@@ -42,7 +42,7 @@ def test_groups_run_through_a_warm_connect_server(spark, connect_server):
     # Two run-once applications (the second finds the server warm): two epochs, then the last.
     for args in (["--plan"], ["--plan", "--drain"]):
         t0 = time.monotonic()
-        proc = subprocess.run([sys.executable, str(project_root() / "jobs" / "run_group.py"), "--pipeline",
+        proc = subprocess.run([sys.executable, str(RUN_GROUP_APP), "--pipeline",
                                spec.name, *args], env=env, capture_output=True, text=True, timeout=300)
         assert proc.returncode == 0, proc.stderr[-3000:]
         print(f"[connect] group in {time.monotonic() - t0:.1f} s")

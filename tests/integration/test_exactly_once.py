@@ -19,12 +19,12 @@ import pytest
 from sluice import execution, protocol
 from sluice.errors import PipelineBusyError
 from sluice.faults import InjectedFault
-from sluice.paths import project_root
+from sluice.paths import RUN_GROUP_APP
 from sluice.sinks.delta import committed_txn_version
 from sluice.store import EpochLog
 from tests.pipelines import assert_matches_oracle, land, make_pipeline
 
-RUN_GROUP = str(project_root() / "jobs" / "run_group.py")
+RUN_GROUP = str(RUN_GROUP_APP)
 
 
 @pytest.fixture
@@ -36,7 +36,7 @@ def epoch_log(store_backend):
 
 
 class GroupJob:
-    """``jobs/run_group.py`` in its own process, its output going to files: a pipe nobody reads
+    """``sluice/jobs/run_group.py`` in its own process, its output going to files: a pipe nobody reads
     fills with 64 KiB of Spark's log and blocks the process in write(2), a hang that looks like
     a stop (it carried a zombie past its fault point, silent, until the pipe was drained)."""
 

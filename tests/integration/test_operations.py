@@ -204,9 +204,8 @@ def test_store_loss_rebuild_then_continue(spark, tmp_path):
     import subprocess
     import sys
 
-    from sluice.paths import project_root
 
-    proc = subprocess.run([sys.executable, str(project_root() / "jobs" / "rebuild_store.py"), "--pipeline",
+    proc = subprocess.run([sys.executable, "-m", "sluice", "rebuild-store", "--pipeline",
                            spec.name, "--store-url", f"sqlite:///{db}"], capture_output=True, text=True,
                           env={**os.environ, "SLUICE_FAULT": "mid_rebuild", "SLUICE_FAULT_MODE": "kill"}, timeout=300)
     assert proc.returncode == -signal.SIGKILL, proc.stderr[-3000:]

@@ -36,7 +36,7 @@ from sluice.airflow.operators import (
 )
 from sluice.airflow.sensors import BacklogSensor
 from sluice.airflow.triggers import BacklogEventTrigger
-from sluice.paths import jars_dir, project_root
+from sluice.paths import JOBS_DIR, RUN_GROUP_APP, jars_dir
 from sluice.protocol import LeaseOwner
 from sluice.spark import JAR_NAMES, RUN_ONCE_JAVA_OPTIONS, remote_url, spark_conf
 from sluice.spec import PipelineSpec
@@ -94,13 +94,13 @@ def build_dag(spec: PipelineSpec) -> DAG:
             jars = jars_dir()
             run = RunGroupSubmitOperator(
                 task_id="run_group", pipeline=spec.name,
-                application=str(project_root() / "jobs" / "run_group.py"),
+                application=str(RUN_GROUP_APP),
                 application_args=["--pipeline", spec.name,
                                   "--group", "{{ ti.xcom_pull(task_ids='plan_group')['group_id'] }}",
                                   "--owner", str(LeaseOwner.dag_run("{{ dag.dag_id }}", "{{ run_id }}"))],
                 conn_id=spec.spark.conn_id,
                 conf=spark_conf({"spark.driver.extraJavaOptions": f"{RUN_ONCE_JAVA_OPTIONS} -Dlog4j2.configurationFile="
-                                 f"file:{project_root() / 'jobs' / 'log4j2.properties'}", **spec.spark.conf}),
+                                 f"file:{JOBS_DIR / 'log4j2.properties'}", **spec.spark.conf}),
                 jars=",".join(str(jars / name) for name in JAR_NAMES),
                 name=f"sluice-{spec.name}",
             )
@@ -241,3 +241,25 @@ files in `GET /sluice/pipelines/<name>/epochs`. Epochs holding the file read aro
 on, reruns and rollback recomputes included; failed ones get fresh attempts, so a pipeline halted
 on the file runs again by itself. Command line: `make skip-file PIPELINE= FILE= REASON=`.
 """
+
+
+def pipeline_dags(specs: dict[str, PipelineSpec]) -> dict[str, DAG]:
+    """One DAG per valid pipeline spec, by the name a DAG file gives it."""
+    return {f"dag_{spec.name}": build_dag(spec) for spec in specs.values()}
+
+
+def operations_dags(specs: dict[str, PipelineSpec]) -> dict[str, DAG]:
+    """``sluice_rollback``, ``sluice_recover``, ``sluice_skip_file``, and ``sluice_alerts`` when a
+    pipeline sets ``alerts.freshness``."""
+    dags = {"dag_sluice_rollback": build_rollback_dag(specs), "dag_sluice_recover": build_recover_dag(specs),
+            "dag_sluice_skip_file": build_skip_file_dag(specs), "dag_sluice_alerts": build_alerts_dag(specs)}
+    return {name: dag for name, dag in dags.items() if dag is not None}
+
+
+def all_dags() -> dict[str, DAG]:
+    """The DAGs of a folder of pipeline specs (``sluice init``'s DAG file): the pipelines' and the
+    operations'. Broken specs are left out here and reported by ``spec.raise_spec_errors``."""
+    from sluice.spec import load_pipeline_specs
+
+    specs, _ = load_pipeline_specs()
+    return {**pipeline_dags(specs), **operations_dags(specs)}

@@ -2,7 +2,7 @@
 and for the operator actions: rollback.
 
 The Spark step in ``submit`` mode is Airflow's own ``SparkSubmitOperator`` running
-``jobs/run_group.py``; in ``in_process`` mode ``RunGroupOperator`` runs the same code inside
+``sluice/jobs/run_group.py``; in ``in_process`` mode ``RunGroupOperator`` runs the same code inside
 the task. Each step talks to the epoch store only, never to Airflow's metadata database.
 """
 
@@ -475,7 +475,7 @@ class FreshnessAlertOperator(BaseOperator):
 
 
 class RunGroupSubmitOperator(SparkSubmitOperator):
-    """Airflow's ``SparkSubmitOperator`` running ``jobs/run_group.py`` (``spark.mode: submit``).
+    """Airflow's ``SparkSubmitOperator`` running ``sluice/jobs/run_group.py`` (``spark.mode: submit``).
     The job learns the epoch store's URL from its environment, set here at execute time: a
     template field would be rendered, and shown, before ``execute``. The Python code executors
     may run (sluice, the transforms) ships with it as ``--py-files``, built here too rather than

@@ -916,7 +916,7 @@ def _same_rollback(pending: dict[str, Any], details: dict[str, Any]) -> bool:
 def _pending_message(pending: dict[str, Any]) -> str:
     if pending.get("rebuild"):
         return (f"a store rebuild started at {pending.get('started_at')} did not finish; run `make store-rebuild "
-                "PIPELINE=<name>` (jobs/rebuild_store.py) again to complete it")
+                "PIPELINE=<name>` (sluice rebuild-store) again to complete it")
     asked = pending.get("requested_to_epoch", pending.get("to_epoch"))
     return (f"a rollback to epoch {asked} started at {pending.get('started_at')} did not finish "
             f"({pending.get('reason')}); trigger sluice_rollback again with the same to_epoch to complete it")

@@ -1,0 +1,235 @@
+"""``sluice``: the command line (``pip install sluice``; in a checkout ``python -m sluice``).
+
+    sluice init [FOLDER]                         the DAG files that turn FOLDER's specs into DAGs
+    sluice jars                                  fetch the Delta and Kafka jars once (Maven Central)
+    sluice run-group --pipeline P --plan         plan, run and publish one group (no Airflow)
+    sluice rollback --pipeline P --to-epoch N --reason WHY   trigger sluice_rollback in Airflow
+    sluice recover --pipeline P                  trigger sluice_recover in Airflow
+    sluice skip-file --pipeline P --file F --reason WHY      skip a gone or unreadable file
+    sluice rebuild-store --pipeline P            rebuild a lost epoch store from the tables' records
+    sluice connect-server [--port 15002]         a Spark Connect server with sluice's settings
+
+Errors sluice raises (a busy pipeline, a bad spec, a lost file) end with one line naming the
+command and exit status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import getpass
+import json
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from sluice.errors import SluiceError
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+    from sluice.store import EpochLog
+
+VERBOSE_HELP = "log libraries' INFO lines too (Great Expectations, py4j; also SLUICE_LOG_LEVEL=DEBUG)"
+
+#: What ``sluice init`` writes: the pipelines' and operations' DAGs in one file, the broken
+#: specs' errors in another (an import error takes only its own file's DAGs away).
+DAG_FILES = {
+    "sluice_dags.py": '''"""sluice's DAGs: one per pipeline spec (*.yaml) in this folder, and the operations
+DAGs (sluice_rollback, sluice_recover, sluice_skip_file, sluice_alerts). Written by `sluice init`."""
+
+from sluice.airflow.dag_factory import all_dags
+
+globals().update(all_dags())
+''',
+    "sluice_spec_errors.py": '''"""Shows broken pipeline specs in the Airflow UI as an import error of this DAG
+file (each error names the spec file and the field). Written by `sluice init`."""
+
+from sluice.spec import raise_spec_errors
+
+raise_spec_errors()
+''',
+}
+
+
+def _store(args: argparse.Namespace) -> EpochLog:
+    from sluice.store import EpochLog
+
+    return EpochLog(args.store_url or os.environ.get("SLUICE_STORE_URL"))
+
+
+def run_group(args: argparse.Namespace) -> Any:
+    """One run-once Spark application: the group ``--owner`` planned, or (``--plan``) plan it
+    under a lease of its own first, then publish. The same code under spark-submit and in-process."""
+    from sluice import execution
+    from sluice.logs import configure_job
+    from sluice.spark import get_session
+    from sluice.spec import get_spec
+
+    if (args.group is None) == (not args.plan):
+        raise SluiceError("give exactly one of --group or --plan")
+    configure_job(args.verbose)
+    spec = get_spec(args.pipeline)
+    epoch_log = _store(args)
+
+    def spark() -> SparkSession:
+        return get_session(f"sluice-{spec.name}", extra_conf=spec.spark.conf)
+
+    if args.plan:  # plan first: a busy or idle pipeline is reported before a JVM starts
+        return execution.run_once(spec, epoch_log, spark, owner=args.owner, epoch_size=args.epoch_size, k=args.k,
+                                  drain=args.drain, extra=args.plan_extra)
+    group_id = None if args.group in ("None", "") else int(args.group)
+    return execution.run(spec, epoch_log, args.owner or execution.cli_owner(), group_id, spark())
+
+
+def skip_file(args: argparse.Namespace) -> Any:
+    """Skip a file that is gone or unreadable, on purpose and recorded (who, when, why). The epoch
+    holding it reads around it from now on; failed epochs holding it get fresh attempts. No Spark."""
+    from sluice import execution
+    from sluice.spec import get_spec
+
+    spec = get_spec(args.pipeline)
+    epoch_log = _store(args)
+    try:
+        return execution.skip_file(spec, epoch_log, args.file, by=args.by, reason=args.reason)
+    finally:
+        epoch_log.close()
+
+
+def rebuild_store(args: argparse.Namespace) -> Any:
+    """Rebuild a lost epoch store from the JSON epoch records next to a pipeline's tables; what
+    the tables hold beyond the last published epoch is rolled back, so the next run recomputes it.
+    Refuses a store that already holds the pipeline."""
+    from sluice import execution
+    from sluice.logs import configure_job
+    from sluice.spark import get_session
+    from sluice.spec import get_spec
+
+    configure_job(args.verbose)
+    spec = get_spec(args.pipeline)
+    spark = get_session(f"sluice-rebuild-{spec.name}", extra_conf=spec.spark.conf)
+    try:
+        return execution.rebuild_store(spec, _store(args), spark, execution.cli_owner())
+    finally:
+        spark.stop()
+
+
+def _trigger(dag_id: str, conf: dict[str, Any]) -> Any:
+    """Trigger an operations DAG through Airflow's own command line: the run, its lease and its
+    checks are Airflow's and sluice's as from the UI."""
+    airflow = shutil.which("airflow") or str(Path(sys.executable).with_name("airflow"))
+    proc = subprocess.run([airflow, "dags", "trigger", dag_id, "--conf", json.dumps(conf), "--output", "json"],
+                          capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise SluiceError(f"airflow dags trigger {dag_id} failed: {(proc.stderr or proc.stdout).strip()[-2000:]}")
+    return {"triggered": dag_id, "conf": conf, "airflow": proc.stdout.strip()}
+
+
+def rollback(args: argparse.Namespace) -> Any:
+    return _trigger("sluice_rollback", {"pipeline": args.pipeline, "to_epoch": args.to_epoch, "reason": args.reason,
+                                        "recompute": not args.no_recompute})
+
+
+def recover(args: argparse.Namespace) -> Any:
+    return _trigger("sluice_recover", {"pipeline": args.pipeline})
+
+
+def jars(args: argparse.Namespace) -> Any:
+    from sluice.spark import fetch_spark_jars
+
+    return {"jars": fetch_spark_jars()}
+
+
+def connect_server(args: argparse.Namespace) -> Any:
+    from sluice.spark import connect_server_command
+
+    command = connect_server_command(args.master, args.port, args.host)
+    os.execv(command[0], command)
+
+
+def init(args: argparse.Namespace) -> Any:
+    """Write the DAG files into a folder of pipeline specs (Airflow's DAGs folder by default);
+    an existing file with other content is left alone and reported."""
+    from sluice.paths import dags_folder
+
+    folder = Path(args.folder) if args.folder else dags_folder()
+    folder.mkdir(parents=True, exist_ok=True)
+    written, kept = [], []
+    for name, text in DAG_FILES.items():
+        path = folder / name
+        if path.exists() and path.read_text() != text and not args.force:
+            kept.append(str(path))
+            continue
+        path.write_text(text)
+        written.append(str(path))
+    return {"folder": str(folder), "written": written, "kept (differs; --force replaces)": kept}
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="sluice", description=__doc__.splitlines()[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter,
+                                     epilog="\n".join(__doc__.splitlines()[2:]))
+    commands = parser.add_subparsers(dest="command", required=True, metavar="command")
+
+    def command(name: str, func: Callable[[argparse.Namespace], Any], help_text: str,
+                pipeline: bool = True, store: bool = False) -> argparse.ArgumentParser:
+        sub = commands.add_parser(name, help=help_text, description=func.__doc__ or help_text)
+        sub.set_defaults(func=func)
+        if pipeline:
+            sub.add_argument("--pipeline", required=True)
+        if store:
+            sub.add_argument("--store-url", help="epoch store URL (default: $SLUICE_STORE_URL, else the usual lookup)")
+        return sub
+
+    sub = command("run-group", run_group, "run one group of epochs in one Spark application", store=True)
+    sub.add_argument("--group", help="run the group this owner planned (its id, or None when the plan step only "
+                                     "recorded a rollback)")
+    sub.add_argument("--owner", help="lease owner (default: this process)")
+    sub.add_argument("--plan", action="store_true", help="plan the next group first, then publish it")
+    sub.add_argument("--drain", action="store_true", help="with --plan: repeat until the backlog is empty")
+    sub.add_argument("--epoch-size", type=int)
+    sub.add_argument("-k", type=int)
+    sub.add_argument("--plan-extra", type=json.loads, default=None,
+                     help="with --plan: JSON recorded in the group's plan (the controllers' decision)")
+    sub.add_argument("--verbose", action="store_true", help=VERBOSE_HELP)
+
+    sub = command("skip-file", skip_file, "skip a gone or unreadable file, recorded", store=True)
+    sub.add_argument("--file", required=True, help="the file's path (absolute, or relative to the landing folder)")
+    sub.add_argument("--reason", required=True, help="why; recorded with who and when")
+    sub.add_argument("--by", default=f"cli:{getpass.getuser()}", help="who skips it (default: cli:<user>)")
+
+    sub = command("rebuild-store", rebuild_store, "rebuild a lost epoch store from the tables' records", store=True)
+    sub.add_argument("--verbose", action="store_true", help=VERBOSE_HELP)
+
+    sub = command("rollback", rollback, "trigger sluice_rollback in Airflow")
+    sub.add_argument("--to-epoch", type=int, required=True, help="the last epoch to keep")
+    sub.add_argument("--reason", required=True)
+    sub.add_argument("--no-recompute", action="store_true", help="remove the epochs' rows; do not recompute them")
+
+    command("recover", recover, "trigger sluice_recover in Airflow (rerun failed or unfinished epochs)")
+    command("jars", jars, "fetch the Delta and Kafka jars into the jars folder (once; Maven Central)", pipeline=False)
+
+    sub = command("connect-server", connect_server, "a Spark Connect server with sluice's settings", pipeline=False)
+    sub.add_argument("--master", default="local[*]")
+    sub.add_argument("--host", default="127.0.0.1")
+    sub.add_argument("--port", type=int, default=15002)
+
+    sub = command("init", init, "write the DAG files into a folder of pipeline specs", pipeline=False)
+    sub.add_argument("folder", nargs="?", help="default: Airflow's DAGs folder")
+    sub.add_argument("--force", action="store_true", help="replace DAG files that differ")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run one command; its result is printed as the last line, in JSON."""
+    args = _parser().parse_args(argv)
+    try:
+        result = args.func(args)
+    except SluiceError as exc:  # a clear one-line error (busy pipeline, bad spec, lost file)
+        print(f"sluice {args.command}: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 2
+    print(json.dumps(result, default=str))
+    return 0
