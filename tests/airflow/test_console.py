@@ -28,6 +28,8 @@ pytestmark = pytest.mark.browser
 
 NAME = "console_ysb"
 USER = "operator"
+#: The second person: ``sluice_rollback`` waits for an approval (``[sluice] rollback_approval``).
+REVIEWER = "reviewer"
 SCREENSHOTS = project_root() / "var" / "screenshots"
 
 
@@ -50,9 +52,11 @@ class Login:
     server: standalone.Server
     password: str
     token: str
+    reviewer_token: str
 
-    def client(self) -> httpx.Client:
-        return httpx.Client(base_url=self.server.url, timeout=30.0, headers={"Authorization": f"Bearer {self.token}"})
+    def client(self, token: str | None = None) -> httpx.Client:
+        return httpx.Client(base_url=self.server.url, timeout=30.0,
+                            headers={"Authorization": f"Bearer {token or self.token}"})
 
 
 @pytest.fixture(scope="module")
@@ -61,22 +65,24 @@ def server(ran, tmp_path_factory) -> Iterator[Login]:
     and a password (not every request an admin, as the other real-Airflow tests have it)."""
     home = tmp_path_factory.mktemp("console") / "airflow"
     home.mkdir(parents=True)
-    password = secrets.token_urlsafe(12)
-    (home / "passwords.json").write_text(json.dumps({USER: password}))
+    passwords = {user: secrets.token_urlsafe(12) for user in (USER, REVIEWER)}
+    (home / "passwords.json").write_text(json.dumps(passwords))
     srv = standalone.start(home, extra_env={
         "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS": "False",
-        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": f"{USER}:admin",
-        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(home / "passwords.json")})
+        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": f"{USER}:admin,{REVIEWER}:admin",
+        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(home / "passwords.json"),
+        "AIRFLOW__SLUICE__ROLLBACK_APPROVAL": "True"})
     try:
-        def token() -> str | None:
+        def token(user: str) -> str | None:
             try:
                 with httpx.Client(base_url=srv.url, timeout=30.0) as c:
-                    r = c.post("/auth/token", json={"username": USER, "password": password})
+                    r = c.post("/auth/token", json={"username": user, "password": passwords[user]})
             except httpx.TransportError:
                 return None
             return r.json()["access_token"] if r.status_code in (200, 201) else None
 
-        login = Login(srv, password, standalone.wait_for(token, 180, "a token from the api-server", server=srv))
+        first = standalone.wait_for(lambda: token(USER), 180, "a token from the api-server", server=srv)
+        login = Login(srv, passwords[USER], first, token(REVIEWER) or "")
         with login.client() as client:
             standalone.wait_healthy(srv, client, timeout=180)
             for dag_id in (NAME, "sluice_rollback"):
@@ -218,6 +224,8 @@ def test_the_console_shows_a_pipeline_and_rolls_it_back(ran, server, browser, sp
     run_id = link.get_attribute("data-run-id")
 
     with login.client() as client:
+        # The run waits for a second person; the requester's own approval is refused below.
+        approve(login, client, run_id, login.reviewer_token)
         states = standalone.wait_for_run_state(login.server, client, "sluice_rollback", run_id, timeout=400)
         assert states["rollback"] == "success" and states["checkpoint"] == "success", states
         run = client.get(f"/api/v2/dags/sluice_rollback/dagRuns/{run_id}").json()
@@ -229,6 +237,22 @@ def test_the_console_shows_a_pipeline_and_rolls_it_back(ran, server, browser, sp
     assert_matches_oracle(spark, ran, log)
     log.close()
 
+    # Four eyes: a rollback its requester approves fails, and nothing changes.
+    with login.client() as client:
+        r = client.post("/api/v2/dags/sluice_rollback/dagRuns", json={
+            "logical_date": None, "conf": {"pipeline": NAME, "to_epoch": 0, "reason": "approve it myself"}})
+        r.raise_for_status()
+        own = r.json()["dag_run_id"]
+        approve(login, client, own, login.token)
+        standalone.wait_for_run_state(login.server, client, "sluice_rollback", own, timeout=300, state="failed")
+        assert standalone.task_states(client, "sluice_rollback", own)["rollback"] == "failed"
+    failure = "\n".join(p.read_text(errors="replace") for p in
+                        (login.server.home / "logs" / "dag_id=sluice_rollback" / f"run_id={own}").rglob("*.log*"))
+    assert f"approved by '{USER}', who asked for it" in failure, failure[-2000:]
+    log = EpochLog()
+    assert log.generation(NAME) == 1 and not log.pending_rollback(NAME)
+    log.close()
+
     # The page shows the new generation, and the rolled-back epochs greyed out.
     open_tab(driver, f"{url}/dags/{NAME}/plugin/sluice-epochs")
     gone = driver.find_elements(By.CSS_SELECTOR, "table#epochs tr[data-live='false']")
@@ -236,3 +260,12 @@ def test_the_console_shows_a_pipeline_and_rolls_it_back(ran, server, browser, sp
     assert sorted(live_rows(driver)) == [0, 1, 2]
     screenshot(driver, "console-after-rollback")
     assert Path(SCREENSHOTS / "console-epochs.png").stat().st_size > 10_000
+
+
+def approve(login: Login, client: httpx.Client, run_id: str, token: str) -> None:
+    """Answer the run's approval task "Approve" as the user of ``token``, once it waits."""
+    standalone.wait_for_task_state(login.server, client, "sluice_rollback", run_id, "approve", {"deferred"}, 120)
+    with login.client(token) as as_user:
+        r = as_user.patch(f"/api/v2/dags/sluice_rollback/dagRuns/{run_id}/taskInstances/approve/-1/hitlDetails",
+                          json={"chosen_options": ["Approve"]})
+    assert r.status_code == 200, r.text

@@ -137,8 +137,21 @@ def _operations_dag(dag_id: str, description: str, doc_md: str, specs: dict[str,
     )
 
 
-def build_rollback_dag(specs: dict[str, PipelineSpec]) -> DAG:
-    """``sluice_rollback``: roll a pipeline back to an epoch, optionally recompute."""
+def rollback_approval_required() -> bool:
+    """Whether ``sluice_rollback`` waits for a second person's approval: Airflow's setting
+    ``[sluice] rollback_approval`` (``AIRFLOW__SLUICE__ROLLBACK_APPROVAL=True``)."""
+    from airflow.configuration import conf
+
+    return conf.getboolean("sluice", "rollback_approval", fallback=False)
+
+
+def build_rollback_dag(specs: dict[str, PipelineSpec], approval: bool | None = None) -> DAG:
+    """``sluice_rollback``: roll a pipeline back to an epoch, optionally recompute. With
+    ``approval`` (default: ``rollback_approval_required()``) the run first waits in Airflow's
+    human-in-the-loop ``ApprovalOperator`` ("Required Actions" in the UI); a rejection skips the
+    rollback, and an approval by the user who triggered the run fails it, changing nothing."""
+    if approval is None:
+        approval = rollback_approval_required()
     with _operations_dag(
         "sluice_rollback", "Roll a sluice pipeline back to an epoch (RESTORE, generation bump, source rewind)",
         ROLLBACK_DOC, specs,
@@ -149,7 +162,15 @@ def build_rollback_dag(specs: dict[str, PipelineSpec]) -> DAG:
         recompute=Param(True, type="boolean", title="Recompute",
                         description="Recompute the rolled-back epochs now, with their recorded ranges."),
     ) as dag:
-        rollback = RollbackOperator(task_id="rollback", pipeline="{{ params.pipeline }}", outlets=[TABLE_CHANGES])
+        rollback = RollbackOperator(task_id="rollback", pipeline="{{ params.pipeline }}", outlets=[TABLE_CHANGES],
+                                    approval_task_id="approve" if approval else None)
+        if approval:
+            from airflow.providers.standard.operators.hitl import ApprovalOperator
+
+            ApprovalOperator(
+                task_id="approve", subject="Roll {{ params.pipeline }} back to epoch {{ params.to_epoch }}?",
+                body=ROLLBACK_APPROVAL_BODY, response_timeout=timedelta(hours=24),
+            ) >> rollback
         recompute = ShortCircuitOperator(task_id="recompute", python_callable=_recompute)
         _group_steps(rollback, recompute, plan_task_id="rollback", change="recompute")
     return dag
@@ -228,6 +249,15 @@ ROLLBACK_DOC = """Roll a pipeline back to `to_epoch` (Structured Streaming §7.2
    before `to_epoch`; bump the generation; epochs `>= to_epoch` become `rolled_back`; the source
    position rewinds to the start of `to_epoch`.
 3. With `recompute`, the rolled-back ranges are recomputed now, validated and published.
+"""
+
+ROLLBACK_APPROVAL_BODY = """\
+Requested by **{{ dag_run.triggering_user_name or "unknown" }}**: roll pipeline `{{ params.pipeline }}` back to
+epoch {{ params.to_epoch }} (recompute: {{ params.recompute }}), because: {{ params.reason }}.
+
+Every epoch from {{ params.to_epoch }} on is rolled back and its rows removed from the tables.
+The pipeline's "sluice epochs" tab shows what goes (rollback preview). Approve only if you are
+not the person who asked: the rollback refuses an approval by its requester.
 """
 
 RECOVER_DOC = """Rerun a pipeline's failed or half-done epochs with their recorded ranges, even when

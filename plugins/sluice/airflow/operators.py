@@ -279,6 +279,21 @@ class _PipelineOperator(_SluiceOperator):
         self.pipeline = pipeline
 
 
+class ApprovalRefusedError(OperatorActionRequired):
+    """A rollback that needs a second person's approval did not get one; nothing was changed."""
+
+
+def require_second_person(pipeline: str, requester: str | None, approver: str | None) -> None:
+    """Four eyes: the user who approves a rollback is not the one who asked for it."""
+    if not approver:
+        raise ApprovalRefusedError(f"pipeline {pipeline!r}: the rollback has no recorded approval; nothing was "
+                                   "changed. Trigger sluice_rollback again and have a second person approve it")
+    if requester and approver == requester:
+        raise ApprovalRefusedError(f"pipeline {pipeline!r}: the rollback was approved by {approver!r}, who asked "
+                                   "for it; a second person must approve. Nothing was changed: trigger "
+                                   "sluice_rollback again")
+
+
 class RollbackOperator(_PipelineOperator):
     """Roll a pipeline back to an epoch (``sluice_rollback``): preconditions, RESTORE,
     generation bump, epoch states, source rewind; with ``recompute`` the rolled-back ranges are
@@ -290,6 +305,10 @@ class RollbackOperator(_PipelineOperator):
 
     ui_color = "#f4d9d9"
 
+    def __init__(self, *, approval_task_id: str | None = None, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.approval_task_id = approval_task_id
+
     def act(self, context: Any) -> dict[str, Any]:
         from pyspark.sql import SparkSession
 
@@ -297,6 +316,10 @@ class RollbackOperator(_PipelineOperator):
 
         params = context["params"]
         spec = get_spec(self.pipeline)
+        if self.approval_task_id:
+            answer = context["ti"].xcom_pull(task_ids=self.approval_task_id) or {}
+            approver = (answer.get("responded_by_user") or {}).get("name")
+            require_second_person(spec.name, context["dag_run"].triggering_user_name, approver)
         owner = lease_owner(context["dag"].dag_id, context["run_id"])
         log = EpochLog(pipeline_store())
         reused = SparkSession.getActiveSession() is not None
