@@ -263,8 +263,16 @@ def test_the_console_shows_a_pipeline_and_rolls_it_back(ran, server, browser, sp
 
 
 def approve(login: Login, client: httpx.Client, run_id: str, token: str) -> None:
-    """Answer the run's approval task "Approve" as the user of ``token``, once it waits."""
-    standalone.wait_for_task_state(login.server, client, "sluice_rollback", run_id, "approve", {"deferred"}, 120)
+    """Answer the run's approval task "Approve" as the user of ``token``, once it waits.
+
+    A person answers minutes later; a script answers at once, and Airflow 3.3.2 then races
+    itself: the scheduler requeues the task for the answer before it has handled the executor's
+    event of the pause, and marks the task failed ("state changed externally"). So the answer
+    waits for the scheduler's line that it handled that event."""
+    standalone.wait_for_task_state(login.server, client, "sluice_rollback", run_id, "approve", {"awaiting_input"}, 120)
+    handled = f"TaskInstance Finished: dag_id=sluice_rollback, task_id=approve, run_id={run_id}"
+    standalone.wait_for(lambda: handled in login.server.log_path.read_text(errors="replace"), 60,
+                        "the scheduler to handle the pause of the approval task", server=login.server)
     with login.client(token) as as_user:
         r = as_user.patch(f"/api/v2/dags/sluice_rollback/dagRuns/{run_id}/taskInstances/approve/-1/hitlDetails",
                           json={"chosen_options": ["Approve"]})
