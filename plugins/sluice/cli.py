@@ -94,9 +94,16 @@ def skip_file(args: argparse.Namespace) -> Any:
     spec = get_spec(args.pipeline)
     epoch_log = _store(args)
     try:
-        return execution.skip_file(spec, epoch_log, args.file, by=args.by, reason=args.reason)
+        return execution.skip_file(spec, epoch_log, args.file, by=args.by or f"cli:{_user()}", reason=args.reason)
     finally:
         epoch_log.close()
+
+
+def _user() -> str:
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):  # a UID without a passwd entry (containers)
+        return f"uid{os.getuid()}"
 
 
 def rebuild_store(args: argparse.Namespace) -> Any:
@@ -199,7 +206,7 @@ def _parser() -> argparse.ArgumentParser:
     sub = command("skip-file", skip_file, "skip a gone or unreadable file, recorded", store=True)
     sub.add_argument("--file", required=True, help="the file's path (absolute, or relative to the landing folder)")
     sub.add_argument("--reason", required=True, help="why; recorded with who and when")
-    sub.add_argument("--by", default=f"cli:{getpass.getuser()}", help="who skips it (default: cli:<user>)")
+    sub.add_argument("--by", help="who skips it (default: cli:<user>)")
 
     sub = command("rebuild-store", rebuild_store, "rebuild a lost epoch store from the tables' records", store=True)
     sub.add_argument("--verbose", action="store_true", help=VERBOSE_HELP)

@@ -32,6 +32,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -412,8 +413,7 @@ def plan_restores(spec: PipelineSpec, spark: SparkSession, plan: RollbackPlan) -
         if not is_delta_table(spark, path):
             continue
         latest = int(history(spark, path, 1).first()["version"])
-        kept = [e.delta_versions.get(k) for e in plan.kept for k in keys]
-        target = max((v for v in kept if v is not None), default=0)
+        target = restore_target(plan, keys)
         needed = False  # did this pipeline commit to the table after the target?
         for commit in commit_lineage(spark, path):  # newest first
             if commit.version <= target or commit.pipeline == spec.name:
@@ -421,6 +421,12 @@ def plan_restores(spec: PipelineSpec, spark: SparkSession, plan: RollbackPlan) -
                 break
         restores.append(TableRestore(path, tuple(keys), target if needed else None, latest))
     return restores
+
+
+def restore_target(plan: RollbackPlan, keys: Iterable[str]) -> int:
+    """The version a table written through ``keys`` goes back to: the last one an epoch before
+    ``to_epoch`` wrote (version 0, the empty table, if none did)."""
+    return max((v for e in plan.kept for k in keys if (v := e.delta_versions.get(k)) is not None), default=0)
 
 
 def check_version_restorable(spark: SparkSession, path: str, version: int) -> str | None:

@@ -29,19 +29,24 @@ def _is_checkout(root: Path) -> bool:
     return (root / "include" / "pipelines").is_dir()
 
 
+def _path(value: str | Path) -> Path:
+    """As Airflow reads its paths: ``~`` and ``$VARS`` expanded."""
+    return Path(os.path.expanduser(os.path.expandvars(str(value))))
+
+
 def airflow_home() -> Path:
-    return Path(os.environ.get("AIRFLOW_HOME", Path.home() / "airflow"))
+    return _path(os.environ.get("AIRFLOW_HOME", "~/airflow"))
 
 
 def dags_folder() -> Path:
     """Airflow's DAGs folder: ``$AIRFLOW__CORE__DAGS_FOLDER``, else Airflow's configuration."""
     if "AIRFLOW__CORE__DAGS_FOLDER" in os.environ:
-        return Path(os.environ["AIRFLOW__CORE__DAGS_FOLDER"])
+        return _path(os.environ["AIRFLOW__CORE__DAGS_FOLDER"])
     try:
         from airflow.configuration import conf
     except ImportError:  # a Spark executor without Airflow: the default
         return airflow_home() / "dags"
-    return Path(conf.get("core", "dags_folder"))
+    return _path(conf.get("core", "dags_folder"))
 
 
 def project_root() -> Path:

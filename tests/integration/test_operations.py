@@ -204,10 +204,13 @@ def test_store_loss_rebuild_then_continue(spark, tmp_path):
     import subprocess
     import sys
 
+    from sluice.paths import PACKAGE_DIR
 
+    path = os.pathsep.join(p for p in (str(PACKAGE_DIR.parent), os.environ.get("PYTHONPATH")) if p)
     proc = subprocess.run([sys.executable, "-m", "sluice", "rebuild-store", "--pipeline",
                            spec.name, "--store-url", f"sqlite:///{db}"], capture_output=True, text=True,
-                          env={**os.environ, "SLUICE_FAULT": "mid_rebuild", "SLUICE_FAULT_MODE": "kill"}, timeout=300)
+                          env={**os.environ, "PYTHONPATH": path, "SLUICE_FAULT": "mid_rebuild",
+                               "SLUICE_FAULT_MODE": "kill"}, timeout=300)
     assert proc.returncode == -signal.SIGKILL, proc.stderr[-3000:]
     rebuilt = EpochLog(f"sqlite:///{db}")
     with pytest.raises(PipelineHaltedError, match="store rebuild"):

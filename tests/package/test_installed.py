@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -104,8 +105,16 @@ def run(command: list[str], env: dict[str, str], timeout: float) -> subprocess.C
 def test_pip_install_then_airflow_standalone_on_a_folder_of_specs(spark, tmp_path):
     venv, home, folder = tmp_path / "venv", tmp_path / "airflow", tmp_path / "dags"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    # From a copy: pip builds in the source tree, and a sluice.egg-info left in plugins/ would
+    # register the plugin a second time (its entry point) in every Airflow of the checkout.
+    source = tmp_path / "source"
+    (source / "plugins").mkdir(parents=True)
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(PROJECT_ROOT / name, source / name)
+    shutil.copytree(PROJECT_ROOT / "plugins" / "sluice", source / "plugins" / "sluice",
+                    ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
     pip_env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH" and not k.startswith("SLUICE_")}
-    run([str(venv / "bin" / "pip"), "install", "--quiet", str(PROJECT_ROOT)], pip_env, timeout=1200)
+    run([str(venv / "bin" / "pip"), "install", "--quiet", str(source)], pip_env, timeout=1200)
 
     folder.mkdir()
     (folder / "orders.yaml").write_text(SPEC)

@@ -36,6 +36,7 @@ from sluice import protocol
 from sluice.errors import SluiceError
 from sluice.spec import get_spec, load_pipeline_specs
 from sluice.store import Epoch, EpochLog, ManifestEntry
+from sluice.store.epoch_log import same_rollback
 
 app = FastAPI(title="sluice epoch log")
 
@@ -157,7 +158,7 @@ def rollback_preview(dag_id: str, to_epoch: int = Query(ge=0)) -> dict[str, Any]
     try:
         if not log.has_pipeline(name):
             raise HTTPException(status_code=404, detail=f"pipeline {name!r} has no epochs yet")
-        from sluice.execution import sharing_a_commit, source_problems
+        from sluice.execution import restore_target, sharing_a_commit, source_problems
 
         notes = []
         try:
@@ -171,11 +172,10 @@ def rollback_preview(dag_id: str, to_epoch: int = Query(ge=0)) -> dict[str, Any]
                     "rolled_back": [], "kept": 0, "restore_to": {}, "rows_removed": {}}
         problems = source_problems(spec, log, plan)
         pending = log.pending_rollback(name)
-        if pending and pending.get("to_epoch") not in (to_epoch, plan.to_epoch):
+        if pending and not same_rollback(pending, {"to_epoch": plan.to_epoch, "requested_to_epoch": to_epoch}):
             problems.append(f"a rollback to epoch {pending.get('to_epoch')} is unfinished; finish it first")
         keys = sorted({k for e in plan.rolled_back for k in e.delta_versions})
-        restore_to = {k: max((v for e in plan.kept if (v := e.delta_versions.get(k)) is not None), default=0)
-                      for k in keys}
+        restore_to = {k: restore_target(plan, [k]) for k in keys}
         rows_removed = {key: sum(e.rows.get(key, 0) for e in plan.rolled_back if e.state not in protocol.UNFINISHED)
                         for key in ("input", "output", "rejected")}
         return {"pipeline": name, "to_epoch": to_epoch, "restored_to_epoch": plan.to_epoch,

@@ -751,7 +751,7 @@ class EpochLog:
         is planned, so a crash half way cannot let new epochs land on restored tables."""
         with self._tx() as s:
             row = self._check_fence(s, lease)
-            if row.pending_rollback and not _same_rollback(row.pending_rollback, details):
+            if row.pending_rollback and not same_rollback(row.pending_rollback, details):
                 raise ProtocolError(f"pipeline {lease.pipeline!r}: {_pending_message(row.pending_rollback)}")
             row.pending_rollback = dict(details, started_at=utcnow().isoformat() + "Z")
 
@@ -904,7 +904,7 @@ class EpochLog:
         }
 
 
-def _same_rollback(pending: dict[str, Any], details: dict[str, Any]) -> bool:
+def same_rollback(pending: dict[str, Any], details: dict[str, Any]) -> bool:
     """Whether ``details`` continue the recorded intent: the same epoch asked for, or the same
     epoch restored to (a rollback into a group commit restores to the group's first epoch)."""
     def targets(d: dict[str, Any]) -> set[Any]:
