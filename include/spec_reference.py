@@ -33,6 +33,7 @@ PLACES: dict[type[BaseModel], tuple[str, str]] = {
     spec.PipelineSpec: ("the spec file (top level)", "pipeline"),
     spec.SourceSpec: ("`source` with `type: files` (the default)", "source-files"),
     spec.KafkaSourceSpec: ("`source` with `type: kafka`", "source-kafka"),
+    spec.DeltaSourceSpec: ("`source` with `type: delta`", "source-delta"),
     spec.SinkSpec: ("`sinks[]`: each sink", "sinks"),
     spec.ValidationSpec: ("`validation`", "validation"),
     spec.AlertsSpec: ("`alerts`", "alerts"),

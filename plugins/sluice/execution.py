@@ -49,7 +49,7 @@ from sluice.errors import (
 )
 from sluice.runner import GroupRunner, fence_tables, pipeline_tables
 from sluice.sources import source_for
-from sluice.spec import KafkaSourceSpec, PipelineSpec
+from sluice.spec import PipelineSpec, SourceSpec
 from sluice.store import EpochLog, Group, Lease, records
 from sluice.store.epoch_log import RollbackPlan, utcnow
 
@@ -701,7 +701,7 @@ def skip_file(spec: PipelineSpec, epoch_log: EpochLog, path: str, *, by: str, re
     when, why). ``path``: as in the manifest (absolute), or relative to the landing folder.
     Failed epochs holding it get fresh attempts, so the next run (or ``sluice_recover``) runs
     them without it."""
-    if isinstance(spec.source, KafkaSourceSpec):  # a chunk is named by its kafka:// path
+    if not isinstance(spec.source, SourceSpec):  # a Kafka chunk or a Delta version: its kafka:// or delta:// path
         candidates = [path]
     else:
         candidates = [str(Path(path).absolute()), str((spec.landing_dir / path).absolute())]

@@ -96,6 +96,25 @@ class KafkaSourceSpec(_RecordsSpec):
                                                 "sluice's own client and, prefixed with kafka., Spark's")
 
 
+class DeltaSourceSpec(_RecordsSpec):
+    """Another Delta table (an upstream pipeline's sink): the rows each of its versions added."""
+
+    type: Literal["delta"] = Field(description="delta: the versions of another Delta table")
+    table: str = Field(description="the upstream Delta table's folder")
+    change_feed: bool = Field(
+        False, description="false: read the files each version added (an append-only upstream, such as an "
+                           "append sink); true: read the table's change data feed (delta.enableChangeDataFeed), "
+                           "inserts and update post-images, for an upstream that MERGEs or updates")
+    unknown_fields: Literal["reject", "rescue", "ignore"] = Field(
+        "ignore", description="upstream columns not in the schema: ignore (the default: the schema picks the "
+                              "columns this pipeline reads), rescue or reject, as for files")
+
+    @property
+    def format(self) -> str:
+        """The rows reach the parse as JSON objects (``DeltaTableSource._read``)."""
+        return "json"
+
+
 def _source_kind(value: Any) -> str:
     """A source's ``type`` (``files`` when left out, as specs before Kafka did)."""
     kind = value.get("type") if isinstance(value, dict) else getattr(value, "type", None)
@@ -222,8 +241,9 @@ class PipelineSpec(_Strict):
                                    "trigger fires (an Asset watcher), so none waits; a cron expression or preset: "
                                    "scheduled runs that take whatever is there; null: manual runs only")
     start_date: str = Field("2026-01-01", description="the DAG's start date (UTC)")
-    source: Annotated[Annotated[SourceSpec, Tag("files")] | Annotated[KafkaSourceSpec, Tag("kafka")],
-                      Discriminator(_source_kind)] = Field(description="where the records come from, by `type`")
+    source: Annotated[Annotated[SourceSpec, Tag("files")] | Annotated[KafkaSourceSpec, Tag("kafka")]
+                      | Annotated[DeltaSourceSpec, Tag("delta")], Discriminator(_source_kind)] = Field(
+        description="where the records come from, by `type`")
     transform: str = Field(pattern=r"^[a-z_][a-z0-9_]*(\.[a-z_][a-z0-9_]*)+$",
                            description="module.function in the transforms folder (jobs/transforms/ of a "
                                        "checkout, transforms/ beside the specs of an installed sluice), or "
@@ -290,8 +310,10 @@ class PipelineSpec(_Strict):
 
     @property
     def landing_dir(self) -> Path:
-        if not isinstance(self.source, SourceSpec):
+        if isinstance(self.source, KafkaSourceSpec):
             raise SpecError(f"pipeline {self.name!r} reads the Kafka topic {self.source.topic!r}, not a landing folder")
+        if isinstance(self.source, DeltaSourceSpec):
+            raise SpecError(f"pipeline {self.name!r} reads the Delta table {self.source.table}, not a landing folder")
         return Path(self.source.path)
 
     @property
@@ -379,7 +401,8 @@ def _relative_to_project(path: str) -> str:
 def _field(loc: tuple[Any, ...]) -> str:
     """A validation error's field as the YAML names it (``source.schema``, not pydantic's
     ``source.files.schema`` with the source's type tag in it)."""
-    parts = [str(p) for i, p in enumerate(loc) if not (i and loc[i - 1] == "source" and p in ("files", "kafka"))]
+    parts = [str(p) for i, p in enumerate(loc)
+             if not (i and loc[i - 1] == "source" and p in ("files", "kafka", "delta"))]
     return ".".join(parts)
 
 
@@ -407,14 +430,21 @@ def load_spec(path: str | Path) -> PipelineSpec:
         raise SpecError(f"{path}: invalid pipeline spec: {problems}") from None
     if spec.name != path.stem:
         raise SpecError(f"{path}: name: {spec.name!r} must match the file name {path.stem!r}")
-    fixed_source = (spec.source.model_copy(update={"path": _relative_to_project(spec.source.path)})
-                    if isinstance(spec.source, SourceSpec) else spec.source)
+    fixed_source: Any = spec.source
+    if isinstance(spec.source, SourceSpec):
+        fixed_source = spec.source.model_copy(update={"path": _relative_to_project(spec.source.path)})
+    elif isinstance(spec.source, DeltaSourceSpec):
+        fixed_source = spec.source.model_copy(update={"table": _relative_to_project(spec.source.table)})
     fixed_sinks = [s.model_copy(update={"path": _relative_to_project(s.path),
                                         "expectations": s.expectations and _relative_to_project(s.expectations)})
                    for s in spec.sinks]
     fixed_refs = {k: _relative_to_project(v) for k, v in spec.reference.items()}
     fixed_rejected = _relative_to_project(spec.rejected_path) if spec.rejected_path else None
     fixed_quarantine = _relative_to_project(spec.quarantine_path) if spec.quarantine_path else None
+    if isinstance(fixed_source, DeltaSourceSpec) and any(
+            os.path.normpath(fixed_source.table) == os.path.normpath(s.path) for s in fixed_sinks):
+        raise SpecError(f"{path}: source.table: {fixed_source.table} is also a sink of this pipeline; a pipeline "
+                        "cannot read its own output")
     for sink in fixed_sinks:
         if sink.expectations and not Path(sink.expectations).is_file():
             raise SpecError(f"{path}: sinks.{sink.name}.expectations: suite {sink.expectations} does not exist")

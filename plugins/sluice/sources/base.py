@@ -164,12 +164,16 @@ class Source(ABC):
 
 def source_for(spec: PipelineSpec, log: EpochLog) -> Source:
     """The source of ``spec`` (its ``source.type``)."""
-    from sluice.spec import KafkaSourceSpec
+    from sluice.spec import DeltaSourceSpec, KafkaSourceSpec
 
     if isinstance(spec.source, KafkaSourceSpec):
         from sluice.sources.kafka import KafkaSource
 
         return KafkaSource(spec, log)
+    if isinstance(spec.source, DeltaSourceSpec):
+        from sluice.sources.delta_table import DeltaTableSource
+
+        return DeltaTableSource(spec, log)
     from sluice.sources.files import FileSource
 
     return FileSource(spec, log)

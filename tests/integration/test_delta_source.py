@@ -1,0 +1,112 @@
+"""Pipelines chained by table versions (issue 15 item 3), on real Spark and Delta: ``ysb_clean``
+appends view events; a downstream pipeline reads its table's versions and counts views per ad.
+The downstream table equals an oracle computed from the upstream's raw files with plain json;
+an upstream rollback (a RESTORE) stops the downstream with the documented message and changes
+nothing; the steps the message names bring the downstream back to the oracle of what the
+upstream still holds."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import yaml
+
+from include.generators.ysb import raw_events
+from sluice import execution
+from sluice.errors import SluiceError
+from sluice.sources import source_for
+from sluice.sources.delta_versions import undone_by_restore
+from sluice.spec import load_spec
+from sluice.store import EpochLog
+from tests.pipelines import land, landed, make_pipeline
+
+
+@pytest.fixture
+def epoch_log():
+    log = EpochLog()
+    yield log
+    log.close()
+
+
+def views_per_ad(paths: list[Path]) -> Counter:
+    """The oracle: valid view events per ad in the raw files."""
+    return Counter(e["ad_id"] for _, _, e in raw_events(paths) if e is not None and e["event_type"] == "view")
+
+
+def table_views(spark, path: str) -> Counter:
+    return Counter({r["ad_id"]: r["views"] for r in spark.read.format("delta").load(path).collect()})
+
+
+def roll_back(spark, spec, epoch_log, to_epoch: int, recompute: bool = False) -> None:
+    """``sluice_rollback``, step by step as its tasks run."""
+    owner = execution.cli_owner()
+    report = execution.rollback(spec, epoch_log, spark, epoch_log.acquire_lease(spec.name, owner),
+                                to_epoch=to_epoch, reason="upstream restore", recompute=recompute)
+    execution.run(spec, epoch_log, owner, report["group_id"], spark)
+    execution.validate(spec, epoch_log, owner)
+    execution.checkpoint(spec, epoch_log, owner)
+
+
+def downstream_of(upstream, folder: Path):
+    spec_path = folder / "chain_down.yaml"
+    spec_path.write_text(yaml.safe_dump({
+        "schedule": None,
+        "source": {"type": "delta", "table": upstream.sinks[0].path,
+                   "schema": {"ad_id": "string", "event_time": "timestamp"}, "required": ["ad_id"]},
+        "transform": "tests.integration.chain_transforms.views_per_ad",
+        "sinks": [{"name": "views", "mode": "aggregate", "keys": ["ad_id"], "sums": ["views"],
+                   "path": f"{Path(upstream.sinks[0].path).parents[2]}/chain_down/tables/views"}],
+        "control": {"adaptive": False, "epoch_files": 2, "group_epochs": 2},
+        "spark": {"mode": "in_process"},
+    }, sort_keys=False))
+    return load_spec(spec_path)
+
+
+def test_a_chained_pipeline_equals_the_oracle_and_stops_on_an_upstream_rollback(spark, epoch_log):
+    up = make_pipeline("chain_up", base="ysb_clean", **{"control.epoch_files": 2, "control.group_epochs": 2,
+                                                        "schedule": None})
+    down = downstream_of(up, Path(up.path).parent)
+    land(up, files=4, seed=21, malformed_fraction=0.03)
+    execution.run_once(up, epoch_log, spark, drain=True)
+    execution.run_once(down, epoch_log, spark, drain=True)
+    assert table_views(spark, down.sinks[0].path) == views_per_ad(landed(up))
+    source = source_for(down, epoch_log)
+    versions = [v for e in epoch_log.epochs(down.name)
+                for v in source.describe(epoch_log.manifest(down.name, e.start, e.end))["versions"]]
+    assert versions == sorted(versions) and len(versions) == len(set(versions)), versions
+
+    # More upstream data: the downstream reads only the new versions.
+    land(up, files=4, seed=22, malformed_fraction=0.03, prefix="second")
+    execution.run_once(up, epoch_log, spark, drain=True)
+    execution.run_once(down, epoch_log, spark, drain=True)
+    assert table_views(spark, down.sinks[0].path) == views_per_ad(landed(up))
+    before = table_views(spark, down.sinks[0].path)
+
+    # The upstream rolls back its last group (a RESTORE): the downstream stops, changing nothing.
+    last_group = max(e.group_id for e in epoch_log.epochs(up.name))
+    roll_back(spark, up, epoch_log, min(e.epoch_id for e in epoch_log.epochs(up.name)
+                                             if e.group_id == last_group))
+    with pytest.raises(SluiceError) as stopped:
+        execution.run_once(down, epoch_log, spark, drain=True)
+    message = str(stopped.value)
+    assert "chain_down" in message and "was restored to version" in message and "skip" in message, message
+    assert table_views(spark, down.sinks[0].path) == before
+
+    # What the message says: skip the undone versions, then roll the downstream back (recompute).
+    commits = source._commits()
+    entries = epoch_log.manifest(down.name)
+    version_at = {int(e.path.rsplit("@", 1)[1]): e.position for e in entries}
+    epoch_of = {v: e.epoch_id for e in epoch_log.epochs(down.name) for v, p in version_at.items()
+                if e.start <= p < e.end}
+    found = undone_by_restore(up.sinks[0].path, commits, sorted(version_at), epoch_of)
+    assert found is not None and f"epoch {found.first_epoch}" in message
+    for v in found.undone:
+        execution.skip_file(down, epoch_log, f"delta://{up.sinks[0].path}@{v}", by="test", reason="upstream restore")
+    roll_back(spark, down, epoch_log, found.first_epoch, recompute=True)
+    execution.run_once(down, epoch_log, spark, drain=True)
+    live = [Path(f.path) for e in epoch_log.epochs(up.name) if e.state == "published"  # what the upstream holds
+            for f in epoch_log.manifest(up.name, e.start, e.end)]
+    assert len(live) < len(landed(up))
+    assert table_views(spark, down.sinks[0].path) == views_per_ad(live)

@@ -1,0 +1,146 @@
+"""The Delta-table source without Spark: an upstream table's ``_delta_log`` written by hand
+(commit files as Delta writes them), a real epoch store on SQLite. What is registered, the
+backlog, and every refusal: an upstream RESTORE that undid registered versions (until they are
+skipped on purpose), a vacuumed file, a version cleaned from the log, rows removed."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from sluice.errors import SourceError, SpecError
+from sluice.sources import source_for
+from sluice.sources.delta_table import DeltaTableSource
+from sluice.spec import load_spec
+from sluice.store import EpochLog
+
+T0 = 1_767_225_600  # commit times, seconds
+
+
+def commit(table: Path, version: int, operation: str = "WRITE", *, adds: int = 1, removes: int = 0,
+           restored_to: int | None = None) -> None:
+    """One commit file as Delta writes it: commitInfo, then add (and remove) actions."""
+    log = table / "_delta_log"
+    log.mkdir(parents=True, exist_ok=True)
+    params = {"version": restored_to} if restored_to is not None else {"mode": "Append"}
+    lines = [{"commitInfo": {"timestamp": (T0 + version) * 1000, "operation": operation,
+                             "operationParameters": params}}]
+    for i in range(adds):
+        name = f"part-{version:05d}-{i}.snappy.parquet"
+        (table / name).write_bytes(b"x" * (100 + version))
+        lines.append({"add": {"path": name, "size": 100 + version, "partitionValues": {}, "dataChange": True}})
+    lines += [{"remove": {"path": f"gone-{i}.parquet", "dataChange": True}} for i in range(removes)]
+    (log / f"{version:020d}.json").write_text("\n".join(json.dumps(line) for line in lines) + "\n")
+
+
+@pytest.fixture
+def setup(tmp_path):
+    upstream = tmp_path / "up"
+    spec_path = tmp_path / "pipelines" / "down.yaml"
+    spec_path.parent.mkdir()
+    spec_path.write_text(textwrap.dedent(f"""\
+        source:
+          type: delta
+          table: {upstream}
+          schema:
+            ad_id: string
+        transform: ysb.views
+        sinks:
+          - name: out
+            mode: append
+            path: {tmp_path / "down" / "out"}
+        """))
+    spec = load_spec(spec_path)
+    log = EpochLog(f"sqlite:///{tmp_path / 'store.db'}")
+    yield upstream, spec, log
+    log.close()
+
+
+def registered(log: EpochLog, spec) -> list[str]:
+    return [e.path.rsplit("@", 1)[1] for e in log.manifest(spec.name)]
+
+
+def test_each_version_that_changed_data_is_one_entry_oldest_first(setup):
+    upstream, spec, log = setup
+    source = source_for(spec, log)
+    assert isinstance(source, DeltaTableSource)
+    with pytest.raises(SourceError, match="no Delta table there"):
+        source.discover()
+    commit(upstream, 0, "CREATE TABLE", adds=0)
+    commit(upstream, 1, adds=2)
+    commit(upstream, 2, "OPTIMIZE", adds=1, removes=2)  # no data change: not read
+    commit(upstream, 3)
+    backlog = source.backlog()
+    assert (backlog.files, backlog.bytes) == (2, 2 * 101 + 103), backlog
+    assert log.manifest(spec.name) == [], "a backlog poll registers nothing"
+    assert source.discover() == 2
+    assert registered(log, spec) == ["1", "3"]
+    assert [e.mtime for e in log.manifest(spec.name)] == [T0 + 1, T0 + 3]
+    commit(upstream, 4)
+    assert source.discover() == 3 and registered(log, spec) == ["1", "3", "4"]
+    assert source.describe(log.manifest(spec.name)) == {"table": str(upstream), "versions": [1, 3, 4],
+                                                        "skipped": []}
+    assert [e.position for e in source.check_retained(0, 3)] == [0, 1, 2]
+
+
+def test_an_upstream_restore_stops_the_pipeline_until_the_undone_versions_are_skipped(setup):
+    upstream, spec, log = setup
+    source = source_for(spec, log)
+    for v in range(4):
+        commit(upstream, v)
+    source.discover()  # versions 0..3
+    commit(upstream, 4, "RESTORE", adds=0, restored_to=1)  # the upstream rolled back: 2 and 3 are undone
+    commit(upstream, 5)
+    with pytest.raises(SourceError) as stopped:
+        source.discover()
+    message = str(stopped.value)
+    assert "restored to version 1" in message and "undoing versions [2, 3]" in message, message
+    assert f"delta://{upstream}@2" in message and "skip" in message and "epoch" not in message, message
+    with pytest.raises(SourceError, match="undoing versions"):
+        source.check_retained(0, 2)
+    assert registered(log, spec) == ["0", "1", "2", "3"], "nothing registered while stopped"
+    for v in (2, 3):
+        log.skip_file(spec.name, f"delta://{upstream}@{v}", by="test", reason="upstream restore")
+    assert source.discover() == 5 and registered(log, spec) == ["0", "1", "2", "3", "5"]
+
+
+def test_versions_undone_before_they_were_registered_are_never_read(setup):
+    upstream, spec, log = setup
+    for v in range(3):
+        commit(upstream, v)
+    commit(upstream, 3, "RESTORE", adds=0, restored_to=0)
+    commit(upstream, 4)
+    source = source_for(spec, log)
+    source.discover()
+    assert registered(log, spec) == ["0", "4"]
+
+
+def test_a_range_that_cannot_be_read_again_is_refused_naming_the_version(setup):
+    upstream, spec, log = setup
+    source = source_for(spec, log)
+    for v in range(3):
+        commit(upstream, v)
+    commit(upstream, 3, "DELETE", adds=1, removes=1)
+    source.discover()
+    (upstream / "part-00001-0.snappy.parquet").unlink()  # VACUUM
+    with pytest.raises(SourceError, match=r"data file\(s\) version 1 added are gone .*@1"):
+        source.check_retained(0, 3)
+    (upstream / "_delta_log" / f"{0:020d}.json").unlink()  # log retention
+    with pytest.raises(SourceError, match=r"version 0 .* no longer in the upstream's log"):
+        source.check_retained(0, 1)
+    with pytest.raises(SourceError, match=r"version 3 \(DELETE\) removed rows; .*change_feed"):
+        source.check_retained(3, 4)
+
+
+def test_a_pipeline_cannot_read_its_own_sink(tmp_path):
+    path = tmp_path / "loop.yaml"
+    path.write_text(textwrap.dedent(f"""\
+        source: {{type: delta, table: {tmp_path / 't'}, schema: {{a: string}}}}
+        transform: ysb.views
+        sinks: [{{name: out, mode: append, path: {tmp_path / 't'}}}]
+        """))
+    with pytest.raises(SpecError, match="cannot read its own output"):
+        load_spec(path)
