@@ -83,6 +83,14 @@ def test_a_chained_pipeline_equals_the_oracle_and_stops_on_an_upstream_rollback(
     execution.run_once(down, epoch_log, spark, drain=True)
     assert table_views(spark, down.sinks[0].path) == views_per_ad(landed(up))
     before = table_views(spark, down.sinks[0].path)
+    # Every upstream row, read back through the versions exactly (timestamps to the microsecond),
+    # each named by its version, data file and line.
+    end = len(epoch_log.manifest(down.name))
+    read = source.read(spark, 0, end).collect()
+    upstream_rows = spark.read.format("delta").load(up.sinks[0].path).collect()
+    assert Counter((r["ad_id"], r["event_time"]) for r in read) == Counter(
+        (r["ad_id"], r["event_time"]) for r in upstream_rows)
+    assert all(r["_file"].startswith(f"delta://{up.sinks[0].path}@") and r["_line"] >= 1 for r in read)
 
     # The upstream rolls back its last group (a RESTORE): the downstream stops, changing nothing.
     last_group = max(e.group_id for e in epoch_log.epochs(up.name))

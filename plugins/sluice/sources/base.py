@@ -54,6 +54,10 @@ class Backlog:
 class Source(ABC):
     """A pipeline's source over the epoch store's manifest."""
 
+    #: More options of the records' parse (``from_json``/``from_csv``), for a source that writes
+    #: the text itself (the Delta source's rows, as JSON).
+    parse_options: dict[str, str] = {}
+
     def __init__(self, spec: PipelineSpec, log: EpochLog) -> None:
         self.spec = spec
         self.log = log
@@ -130,7 +134,7 @@ class Source(ABC):
             extra = [F.when(F.size(unknown) > 0,
                             F.to_json(F.map_filter(fields, lambda k, _: ~F.array_contains(known, k))))
                      .alias("_rescued_data")]
-        options = {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": "_corrupt_record"}
+        options = {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": "_corrupt_record", **self.parse_options}
         parse = F.from_json if source.format == "json" else F.from_csv
         parsed = lines.select(
             "_file", "_line", *epoch, "_text", "_defect", *extra,

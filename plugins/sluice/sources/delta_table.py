@@ -44,9 +44,13 @@ log = logging.getLogger(__name__)
 SKIP_HINT = ("Skip the version on purpose (recorded): trigger the sluice_skip_file DAG with FILE=<the delta:// "
              "path above>, or `make skip-file PIPELINE=<name> FILE=<path> REASON=<why>`")
 RECENT_ENTRIES = 64  # the arrivals the controllers see
+#: Timestamps cross the JSON text with their microseconds (to_json's default keeps milliseconds).
+TIMESTAMP_FORMAT = "yyyy-MM-dd'T'HH:mm:ss.SSSSSSXXX"
 
 
 class DeltaTableSource(Source):
+    parse_options = {"timestampFormat": TIMESTAMP_FORMAT}
+
     def __init__(self, spec: PipelineSpec, log: EpochLog) -> None:
         super().__init__(spec, log)
         assert isinstance(spec.source, DeltaSourceSpec)
@@ -93,7 +97,7 @@ class DeltaTableSource(Source):
 
     def _unregistered(self, commits: list[TableCommit]) -> list[VersionLog]:
         found = []
-        for version in versions_to_register(commits, self._last_registered()):
+        for version in versions_to_register(self.table, commits, self._last_registered()):
             entry = read_version(self.table, version)
             if entry is None:
                 raise SourceError(f"{self._where()}: version {version} is no longer in the upstream's log (log "
@@ -181,7 +185,10 @@ class DeltaTableSource(Source):
                     .where(F.col("_change_type").isin("insert", "update_postimage")
                            & F.col("_commit_version").isin(*position)))
             version, where = F.col("_commit_version"), F.lit("change_feed")
-            index = F.monotonically_increasing_id()
+            # A row's number in its version, by content: the same in every read of the version.
+            from pyspark.sql import Window
+
+            index = F.row_number().over(Window.partitionBy("_commit_version").orderBy(_as_json(table.columns)))
         else:
             added = {v: read_version(self.table, v) for v in position}
             files = {Path(f.path).name: (v, f) for v, found in added.items() if found for f in found.added}
@@ -197,16 +204,23 @@ class DeltaTableSource(Source):
                 typ = table.schema[column].dataType
                 rows = rows.withColumn(column, _case(name, {n: a.partition_values.get(column)
                                                             for n, (_, a) in files.items()}).cast(typ))
-            where, index = name, F.col("_metadata.row_index")
+            where, index = name, F.col("_metadata.row_index") + 1  # lines count from 1, as a file's
         data = list(table.columns)
         epoch = ([_case(version, {v: epoch_of[p] for v, p in position.items()}).alias("_epoch")]
                  if epoch_of is not None else [])
         lines = rows.select(
             F.concat(F.lit(f"delta://{self.table}@"), version.cast("string"), F.lit("/"), where).alias("_file"),
             index.alias("_line"),
-            F.to_json(F.struct(*[F.col(f"`{c}`") for c in data])).alias("_text"),
+            _as_json(data).alias("_text"),
             *epoch)
         return self.parse_lines(lines)
+
+
+def _as_json(columns: list[str]) -> Any:
+    """The row as a JSON object, timestamps with their microseconds."""
+    from pyspark.sql import functions as F
+
+    return F.to_json(F.struct(*[F.col(f"`{c}`") for c in columns]), {"timestampFormat": TIMESTAMP_FORMAT})
 
 
 def _case(key: Any, mapping: dict[Any, Any]) -> Any:

@@ -24,7 +24,7 @@ from pathlib import Path
 from urllib.parse import unquote
 
 from sluice.errors import SourceError
-from sluice.protocol import TableCommit
+from sluice.protocol import TableCommit, current_lineage
 
 #: Operations that change no rows: their versions are not registered.
 NO_DATA_CHANGE = frozenset({"OPTIMIZE", "VACUUM START", "VACUUM END", "SET TBLPROPERTIES", "UNSET TBLPROPERTIES",
@@ -53,20 +53,22 @@ class TableVersion:
         return cls(match["table"], int(match["version"]))
 
 
-def versions_to_register(commits: Iterable[TableCommit], registered_end: int | None) -> list[int]:
+def versions_to_register(table: str, commits: Iterable[TableCommit], registered_end: int | None) -> list[int]:
     """The versions after ``registered_end`` (the last one registered; None: none yet) that
-    changed data and are still in the table's lineage, oldest first. ``commits`` newest first.
-    A version a RESTORE undid before it was registered is not read at all."""
+    changed data and are still in the table's lineage, oldest first. ``commits`` newest first,
+    the retained ones (``sinks.delta.commit_lineage``). A version a RESTORE undid before it was
+    registered is not read at all. Raises when the log no longer holds versions that were never
+    registered: they cannot be read by version, and going on would skip their rows silently."""
+    commits = list(commits)
+    first_needed = 0 if registered_end is None else registered_end + 1
+    if commits and commits[-1].version > first_needed:
+        raise SourceError(f"upstream table {table}: its log no longer holds versions {first_needed} to "
+                          f"{commits[-1].version - 1} (log retention, delta.logRetentionDuration), and this pipeline "
+                          "has not read them; they cannot be read by version. Nothing was registered")
     found = []
-    restored_to: int | None = None
-    for commit in commits:
+    for commit in current_lineage(commits):
         if registered_end is not None and commit.version <= registered_end:
             break
-        if restored_to is not None and commit.version > restored_to:
-            continue  # undone by a later RESTORE
-        if commit.operation == "RESTORE" and commit.restored_to is not None:
-            restored_to = commit.restored_to
-            continue
         if commit.operation not in NO_DATA_CHANGE:
             found.append(commit.version)
     return sorted(found)
@@ -96,22 +98,28 @@ class UpstreamRestore:
 
 def undone_by_restore(table: str, commits: Iterable[TableCommit], registered: Sequence[int],
                       epoch_of_version: dict[int, int]) -> UpstreamRestore | None:
-    """The newest RESTORE after the first registered version that undid any registered version,
-    or None. ``commits`` newest first; ``registered`` the versions in the manifest;
-    ``epoch_of_version`` the epoch each planned version belongs to."""
+    """The registered versions no longer in the table's lineage (a RESTORE undid them and no
+    later RESTORE brought them back), with the newest RESTORE that undid the first of them; None
+    when every registered version the log still holds is in the lineage. ``commits`` newest
+    first; ``registered`` the versions in the manifest (not skipped); ``epoch_of_version`` the
+    epoch each planned version belongs to."""
     if not registered:
         return None
     oldest = min(registered)
+    retained = []
     for commit in commits:
-        if commit.version <= oldest:
-            return None
-        if commit.operation == "RESTORE" and commit.restored_to is not None:
-            undone = tuple(sorted(v for v in registered if commit.restored_to < v < commit.version))
-            if undone:
-                epochs = [epoch_of_version[v] for v in undone if v in epoch_of_version]
-                return UpstreamRestore(table, commit.version, commit.restored_to, undone,
-                                       min(epochs) if epochs else None)
-    return None
+        if commit.version < oldest:
+            break
+        retained.append(commit)
+    held = {c.version for c in retained}
+    live = {c.version for c in current_lineage(retained)}
+    undone = tuple(sorted(v for v in registered if v in held and v not in live))
+    if not undone:
+        return None
+    restore = next(c for c in retained if c.operation == "RESTORE" and c.restored_to is not None
+                   and c.restored_to < undone[0] < c.version)
+    epochs = [epoch_of_version[v] for v in undone if v in epoch_of_version]
+    return UpstreamRestore(table, restore.version, restore.restored_to or 0, undone, min(epochs) if epochs else None)
 
 
 # -- the upstream's log, read as files (a local table; no Spark) ---------------------------------
