@@ -166,6 +166,25 @@ class Source(ABC):
 
 
 
+class EntrySource(Source):
+    """A source whose entries are read together in one scan that tags each record with its
+    entry's epoch (Kafka chunks, Delta versions): ``_read`` of the retained entries."""
+
+    def read(self, spark: SparkSession, start: int, end: int) -> DataFrame:
+        return self._read(spark, self.check_retained(start, end), None)
+
+    def read_epochs(self, spark: SparkSession, epochs: list[EpochRange]) -> DataFrame:
+        entries = self.check_retained(epochs[0].start, epochs[-1].end)
+        owner = {e.position: next(epoch.epoch_id for epoch in epochs if epoch.start <= e.position < epoch.end)
+                 for e in entries}
+        return self._read(spark, entries, owner)
+
+    @abstractmethod
+    def _read(self, spark: SparkSession, entries: list[ManifestEntry], epoch_of: dict[int, int] | None) -> DataFrame:
+        """The records of ``entries``; with ``epoch_of`` (manifest position -> epoch), each
+        record's ``_epoch``."""
+
+
 def source_for(spec: PipelineSpec, log: EpochLog) -> Source:
     """The source of ``spec`` (its ``source.type``)."""
     from sluice.spec import DeltaSourceSpec, KafkaSourceSpec

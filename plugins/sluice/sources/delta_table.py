@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from sluice.errors import SourceError
-from sluice.sources.base import Backlog, Source
+from sluice.sources.base import Backlog, EntrySource
 from sluice.sources.delta_versions import (
     TableVersion,
     VersionLog,
@@ -37,7 +37,6 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
     from sluice.protocol import TableCommit
-    from sluice.sinks.delta import EpochRange
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +47,7 @@ RECENT_ENTRIES = 64  # the arrivals the controllers see
 TIMESTAMP_FORMAT = "yyyy-MM-dd'T'HH:mm:ss.SSSSSSXXX"
 
 
-class DeltaTableSource(Source):
+class DeltaTableSource(EntrySource):
     parse_options = {"timestampFormat": TIMESTAMP_FORMAT}
 
     def __init__(self, spec: PipelineSpec, log: EpochLog) -> None:
@@ -158,15 +157,6 @@ class DeltaTableSource(Source):
                                   "append-only upstream is read by its added files. Set source.change_feed: true "
                                   f"(and delta.enableChangeDataFeed upstream), or skip the version. {SKIP_HINT}")
         return entries
-
-    def read(self, spark: SparkSession, start: int, end: int) -> DataFrame:
-        return self._read(spark, self.check_retained(start, end), None)
-
-    def read_epochs(self, spark: SparkSession, epochs: list[EpochRange]) -> DataFrame:
-        entries = self.check_retained(epochs[0].start, epochs[-1].end)
-        owner = {e.position: next(epoch.epoch_id for epoch in epochs if epoch.start <= e.position < epoch.end)
-                 for e in entries}
-        return self._read(spark, entries, owner)
 
     def _read(self, spark: SparkSession, entries: list[ManifestEntry], epoch_of: dict[int, int] | None) -> DataFrame:
         """The rows of the versions in one scan, as numbered lines (each row as JSON) parsed like

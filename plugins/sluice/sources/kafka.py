@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from sluice.errors import SourceError
-from sluice.sources.base import Backlog, Source
+from sluice.sources.base import Backlog, EntrySource
 from sluice.spec import KafkaSourceSpec, PipelineSpec
 from sluice.store import EpochLog, ManifestEntry
 
@@ -38,7 +38,6 @@ if TYPE_CHECKING:
     from confluent_kafka import Consumer
     from pyspark.sql import Column, DataFrame, SparkSession
 
-    from sluice.sinks.delta import EpochRange
 
 log = logging.getLogger(__name__)
 
@@ -106,7 +105,7 @@ def merge_adjacent(chunks: list[tuple[Chunk, Any]]) -> list[tuple[Chunk, Any]]:
     return merged
 
 
-class KafkaSource(Source):
+class KafkaSource(EntrySource):
     def __init__(self, spec: PipelineSpec, log: EpochLog) -> None:
         super().__init__(spec, log)
         assert isinstance(spec.source, KafkaSourceSpec)
@@ -259,15 +258,6 @@ class KafkaSource(Source):
                     f"{self._where()}: partition {chunk.partition} ends at offset {high}, before {entry.path} "
                     f"(offset {entry.position}) ends: was the topic deleted and created again? {SKIP_HINT}")
         return entries
-
-    def read(self, spark: SparkSession, start: int, end: int) -> DataFrame:
-        return self._read(spark, self.check_retained(start, end), None)
-
-    def read_epochs(self, spark: SparkSession, epochs: list[EpochRange]) -> DataFrame:
-        entries = self.check_retained(epochs[0].start, epochs[-1].end)
-        owner = {e.position: next(epoch.epoch_id for epoch in epochs if epoch.start <= e.position < epoch.end)
-                 for e in entries}
-        return self._read(spark, entries, owner)
 
     def _read(self, spark: SparkSession, entries: list[ManifestEntry], epoch_of: dict[int, int] | None) -> DataFrame:
         """The records of the chunks, as numbered lines (``_file`` = ``kafka://topic/partition``,
