@@ -144,6 +144,33 @@ def produce(bootstrap: str, topic: str, *, partitions: int = 3, rate: float = 10
     return sent
 
 
+def consume(bootstrap: str, topic: str) -> list[tuple[str, int, bytes]]:
+    """Every record ``topic`` holds now, as ``(kafka://topic/partition, offset, value)``, read
+    with a plain consumer (not Spark, not sluice's reader): the oracle's input for Kafka."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "oracle", "enable.auto.commit": False})
+    try:
+        partitions = sorted(consumer.list_topics(topic, timeout=15).topics[topic].partitions)
+        ends = {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=15) for p in partitions}
+        consumer.assign([TopicPartition(topic, p, low) for p, (low, _) in ends.items()])
+        records, remaining = [], {p for p, (low, high) in ends.items() if high > low}
+        while remaining:
+            msg = consumer.poll(10)
+            if msg is None:
+                raise RuntimeError(f"the oracle's consumer got nothing from {topic} (still expected {remaining})")
+            if msg.error():
+                continue
+            p, offset = msg.partition(), msg.offset()
+            if offset < ends[p][1]:
+                records.append((f"kafka://{topic}/{p}", offset, msg.value() or b""))
+            if offset >= ends[p][1] - 1:
+                remaining.discard(p)
+        return records
+    finally:
+        consumer.close()
+
+
 def parse_valid(line: str) -> dict | None:
     """The oracle's own validity rule: a JSON object with ad_id, event_type and a numeric
     event_time (the same contract as ``include/pipelines/ysb.yaml``, written independently)."""

@@ -7,10 +7,10 @@ refused with a message naming the partition and offsets."""
 from __future__ import annotations
 
 import pytest
-from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka import TopicPartition
 from confluent_kafka.admin import AdminClient, NewPartitions
 
-from include.generators.ysb import classify, produce, window_counts
+from include.generators.ysb import classify, consume, produce, window_counts
 from sluice import execution, protocol
 from sluice.errors import SourceError
 from sluice.sources import source_for
@@ -42,32 +42,8 @@ def send(spec: PipelineSpec, broker, *, events: int, seed: int, partitions: int 
             late_fraction=0.05, late_max_s=25)
 
 
-def consume_all(broker, topic: str) -> list[tuple[str, int, bytes]]:
-    """Every record the topic holds now, as ``(kafka://topic/partition, offset, value)``: the
-    oracle's input, read with a plain consumer."""
-    consumer = Consumer({"bootstrap.servers": broker.bootstrap, "group.id": "oracle", "enable.auto.commit": False})
-    try:
-        partitions = sorted(consumer.list_topics(topic, timeout=15).topics[topic].partitions)
-        ends = {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=15) for p in partitions}
-        consumer.assign([TopicPartition(topic, p, low) for p, (low, _) in ends.items()])
-        records, remaining = [], {p for p, (low, high) in ends.items() if high > low}
-        while remaining:
-            msg = consumer.poll(10)
-            assert msg is not None, f"the oracle's consumer got nothing from {topic} (still expected {remaining})"
-            if msg.error():
-                continue
-            p, offset = msg.partition(), msg.offset()
-            if offset < ends[p][1]:
-                records.append((f"kafka://{topic}/{p}", offset, msg.value() or b""))
-            if offset >= ends[p][1] - 1:
-                remaining.discard(p)
-        return records
-    finally:
-        consumer.close()
-
-
 def assert_matches_kafka_oracle(spark, spec: PipelineSpec, epoch_log: EpochLog, broker) -> None:
-    records = consume_all(broker, spec.source.topic)
+    records = consume(broker.bootstrap, spec.source.topic)
     events = list(classify(records))
     expected = window_counts(events)
     got = table_counts(spark, spec)
