@@ -28,11 +28,12 @@ export PYSPARK_PYTHON := $(PY)
 export PATH := $(VENV)/bin:$(PATH)
 export PYTHONPATH := $(CURDIR)/plugins:$(CURDIR)
 
-.PHONY: help setup venv jars demo test test-full system-packages lint kafka spark-cluster airflow generate store-rebuild bench-control bench-control-e2e \
+.PHONY: help setup venv jars demo demo-kafka test test-full system-packages lint kafka spark-cluster airflow generate store-rebuild bench-control bench-control-e2e \
 	bench bench-quick bench-sched compose-env clean backfill rollback recover skip-file cli
 
 help:
 	@echo "make demo      set up, generate YSB data, run the ysb DAG through Airflow, print results"
+	@echo "make demo-kafka  the same over a Kafka topic (the ysb_kafka pipeline; starts a broker if none runs)"
 	@echo "make test      set up, then lint and run the test suite (SQLite; the everyday loop)"
 	@echo "make test-full the same plus the runs on a real Postgres server (installs it; what CI runs)"
 	@echo "make airflow   start Airflow (standalone) on http://127.0.0.1:8080 with sluice's DAGs (HOST=, PORT=)"
@@ -70,6 +71,11 @@ $(JARS): | $(STAMP)
 
 demo: setup
 	@$(PY) include/demo.py
+
+# The same over Kafka (the ysb_kafka pipeline): the broker on $(KAFKA) if one answers, else one
+# started there for the demo (data under var/kafka, as make kafka) and stopped at its end.
+demo-kafka: setup
+	@$(PY) include/demo.py --kafka $(KAFKA)
 
 # The everyday loop: everything but the runs on real servers (Postgres, Kafka), the browser, the
 # fresh install and further variants (marker full): 33 min measured before the last two left it.
@@ -196,4 +202,4 @@ compose-env:
 	@python3 include/docker/compose_env.py .env
 
 clean:
-	rm -rf var/landing var/tables var/airflow var/sluice.db* var/demo
+	rm -rf var/landing var/tables var/airflow var/sluice.db* var/demo var/kafka

@@ -1,18 +1,28 @@
-"""`make demo`: YSB end to end through Airflow on the embedded defaults.
+"""`make demo` and `make demo-kafka`: YSB end to end through Airflow on the embedded defaults.
 
-1. generates YSB events into ``var/landing/ysb`` (more on every run);
-2. runs the ``ysb`` DAG with Airflow's ``dag.test()`` (SQLite metadata DB under ``var/airflow``,
-   the epoch store in ``var/airflow/sluice.db``, Spark ``local[*]`` via spark-submit), one DAG
-   run per group, until the backlog is empty;
+1. lands YSB events: files into ``var/landing/ysb`` (``make demo``), or messages into the
+   Kafka topic ``ysb`` (``make demo-kafka``: the broker at ``$KAFKA``, 127.0.0.1:9092, is used
+   if one answers there; otherwise one is started on that port with its data under
+   ``var/kafka``, as ``make kafka`` does, and stopped at the end). More on every run;
+2. runs the pipeline's DAG (``ysb`` or ``ysb_kafka``) with Airflow's ``dag.test()`` (SQLite
+   metadata DB under ``var/airflow``, the epoch store in ``var/airflow/sluice.db``, Spark
+   ``local[*]`` via spark-submit), one DAG run per group, until the backlog is empty;
 3. reads the per-campaign window counts back from Delta, checks them against an oracle
-   computed from the raw files, and prints a summary of the epoch log.
+   computed from the raw input (the files' bytes, or the topic read by a plain Kafka consumer),
+   and prints a summary of the epoch log.
 """
 
 from __future__ import annotations
 
+import argparse
 import os
+import socket
 import sys
 import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -21,24 +31,103 @@ for path in (ROOT / "plugins", ROOT):
     if str(path) not in sys.path:
         sys.path.insert(0, str(path))
 
-RATE, DURATION, FILES_PER_SECOND = 2000, 24, 1  # 24 files of 2,000 events
+RATE, DURATION, FILES_PER_SECOND = 2000, 24, 1  # 24 files (or seconds of messages) of 2,000 events
 
 
 def step(message: str) -> None:
     print(f"\n==> {message}", flush=True)
 
 
-def main() -> int:
+@dataclass
+class Input:
+    """What differs between the two demos: the pipeline, how events land, the oracle over them,
+    and where the raw input is."""
+
+    pipeline: str
+    land: Callable[[], None]
+    oracle: Callable[[], Counter]
+    where: str
+    unit: str  # what a manifest entry is: a file, or a chunk of a partition's records
+
+
+def file_input() -> Input:
     from include.generators.ysb import expected_window_counts, generate
-    from sluice.sources import FileSource
+    from sluice.spec import get_spec
+
+    spec = get_spec("ysb")
+
+    def land() -> None:
+        step(f"generating {RATE * DURATION:,} YSB events into {spec.landing_dir}")
+        generate(spec.landing_dir, rate=RATE, duration=DURATION, files_per_second=FILES_PER_SECOND,
+                 seed=int(time.time()) % 10_000, late_fraction=0.02, late_max_s=20, malformed_fraction=0.001,
+                 progress=True)
+
+    return Input("ysb", land, lambda: expected_window_counts(sorted(spec.landing_dir.glob("*.json"))),
+                 f"landing: {spec.landing_dir}", "files")
+
+
+def kafka_input(bootstrap: str) -> Input:
+    from include.generators.ysb import classify, consume, produce, window_counts
+    from sluice.spec import get_spec
+
+    spec = get_spec("ysb_kafka")
+    topic = spec.source.topic
+
+    def land() -> None:
+        step(f"producing {RATE * DURATION:,} YSB events to the Kafka topic {topic} on {bootstrap}")
+        produce(bootstrap, topic, partitions=3, rate=RATE, duration=DURATION, files_per_second=FILES_PER_SECOND,
+                seed=int(time.time()) % 10_000, late_fraction=0.02, late_max_s=20, malformed_fraction=0.001)
+
+    return Input("ysb_kafka", land, lambda: window_counts(classify(consume(bootstrap, topic))),
+                 f"topic: {topic} on {bootstrap}", "chunks")
+
+
+def answers(bootstrap: str) -> bool:
+    """Whether a Kafka broker serves ``bootstrap`` now."""
+    from confluent_kafka.admin import AdminClient
+
+    host, port = bootstrap.rsplit(":", 1)
+    with socket.socket() as s:  # a client on a closed port would log every refused connect
+        if s.connect_ex((host, int(port))):
+            return False
+    try:
+        AdminClient({"bootstrap.servers": bootstrap}).list_topics(timeout=10)
+        return True
+    except Exception:
+        return False
+
+
+@contextmanager
+def kafka_broker(bootstrap: str) -> Iterator[None]:
+    """The broker at ``bootstrap``: the user's (``make kafka``) if one answers, else one started
+    here on that port with ``make kafka``'s data folder, stopped on the way out."""
+    if answers(bootstrap):
+        print(f"using the Kafka broker on {bootstrap}", flush=True)
+        yield
+        return
+    from include.kafka.broker import start
+    from sluice.paths import data_dir
+
+    host, port = bootstrap.rsplit(":", 1)
+    if host not in ("127.0.0.1", "localhost"):
+        raise SystemExit(f"no Kafka broker answers on {bootstrap}, and the demo starts one on 127.0.0.1 only")
+    folder = data_dir() / "kafka"
+    step(f"starting a Kafka broker on 127.0.0.1:{port} (data under {folder}; jars from Maven Central once)")
+    broker = start(folder, int(port))
+    try:
+        yield
+    finally:
+        broker.stop()
+        print(f"\nstopped the Kafka broker on {broker.bootstrap}", flush=True)
+
+
+def run(demo: Input) -> int:
+    from sluice.sources import source_for
     from sluice.spec import get_spec
     from sluice.store import EpochLog
 
-    spec = get_spec("ysb")
-    step(f"generating {RATE * DURATION:,} YSB events into {spec.landing_dir}")
-    generate(spec.landing_dir, rate=RATE, duration=DURATION, files_per_second=FILES_PER_SECOND,
-             seed=int(time.time()) % 10_000, late_fraction=0.02, late_max_s=20, malformed_fraction=0.001,
-             progress=True)
+    spec = get_spec(demo.pipeline)
+    demo.land()
 
     step("preparing Airflow's metadata database (SQLite under var/airflow)")
     from airflow.dag_processing.dagbag import DagBag
@@ -49,14 +138,15 @@ def main() -> int:
     if bag.import_errors:
         print(bag.import_errors, file=sys.stderr)
         return 1
-    dag = bag.dags["ysb"]
+    dag = bag.dags[demo.pipeline]
     epoch_log = EpochLog()
-    source = FileSource(spec, epoch_log)
+    source = source_for(spec, epoch_log)
     run = 0
-    while source.backlog().files:
+    while (backlog := source.backlog()).files:
         run += 1
-        backlog = source.backlog()
-        step(f"DAG run {run} of 'ysb': backlog {backlog.files} files ({backlog.bytes / 1e6:.1f} MB); "
+        size = (f"{backlog.records:,} records" if backlog.records is not None
+                else f"{backlog.bytes / 1e6:.1f} MB")
+        step(f"DAG run {run} of '{demo.pipeline}': backlog {backlog.files} {demo.unit} ({size}); "
              "wait_for_backlog -> plan_group -> run_group (spark-submit) -> checkpoint")
         started = time.monotonic()
         dag_run = dag.test(run_conf={"drain": False})
@@ -74,7 +164,7 @@ def main() -> int:
     table = spec.sinks[0].path
     rows = spark.read.format("delta").load(table).orderBy("window_start", "campaign_id").collect()
     counts = {(r["campaign_id"], int(r["window_start"].timestamp() * 1000)): r["views"] for r in rows}
-    expected = expected_window_counts(sorted(spec.landing_dir.glob("*.json")))
+    expected = demo.oracle()
     campaigns = sorted({c for c, _ in counts})
     windows = sorted({w for _, w in counts})
     print(f"{len(rows)} rows: {len(campaigns)} campaigns x {len(windows)} windows of 10 s, "
@@ -87,24 +177,37 @@ def main() -> int:
                           reverse=True)[:5]
     print("top campaigns by views: " + ", ".join(f"{c[:8]}…={v}" for v, c in per_campaign))
     match = counts == dict(expected)
-    print(f"matches the oracle computed from the raw files: {'yes' if match else 'NO'}")
+    print(f"matches the oracle computed from the raw input: {'yes' if match else 'NO'}")
     rejected = spark.read.format("delta").load(spec.rejected_table).count() if Path(spec.rejected_table).exists() else 0
     spark.stop()  # before the summary, so Spark's shutdown lines do not follow it
 
     step("epoch log")
-    summary = epoch_log.summary("ysb")
-    print(f"{'epoch':>5} {'group':>5} {'files':>9} {'state':>10} {'input':>8} {'rejected':>8} {'version':>7} "
+    summary = epoch_log.summary(demo.pipeline)
+    sink = spec.sinks[0].name
+    print(f"{'epoch':>5} {'group':>5} {demo.unit:>9} {'state':>10} {'input':>8} {'rejected':>8} {'version':>7} "
           f"{'seconds':>7}")
-    for e in epoch_log.epochs("ysb"):
+    for e in epoch_log.epochs(demo.pipeline):
         print(f"{e.epoch_id:>5} {e.group_id:>5} {f'[{e.start},{e.end})':>9} {e.state:>10} {e.rows.get('input', 0):>8} "
-              f"{e.rows.get('rejected', 0):>8} {e.delta_versions.get('campaign_views')!s:>7} "
+              f"{e.rows.get('rejected', 0):>8} {e.delta_versions.get(sink)!s:>7} "
               f"{e.timings.get('epoch_s', 0):>7.2f}")
     print(f"{summary['epochs']} epochs in {summary['groups']} groups, generation {summary['generation']}, "
           f"states {summary['by_state']}, {summary['rows']['input']:,} records read, {rejected} rejected "
           f"(table {spec.rejected_table})")
-    print(f"\nlanding: {spec.landing_dir}")
+    print(f"\n{demo.where}")
     print(f"table: {table}")
     return 0 if match else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--kafka", metavar="HOST:PORT", help="the Kafka demo (ysb_kafka), its broker here")
+    args = parser.parse_args(argv)
+    if not args.kafka:
+        return run(file_input())
+    # The spec reads its brokers from this variable; the DAG's tasks and spark-submit inherit it.
+    os.environ["SLUICE_KAFKA_BOOTSTRAP"] = args.kafka
+    with kafka_broker(args.kafka):
+        return run(kafka_input(args.kafka))
 
 
 if __name__ == "__main__":

@@ -76,12 +76,12 @@ def test_sigkill_then_rerun_is_exactly_once_on_kafka(point, kafka, spark, epoch_
 def test_new_partitions_are_picked_up_and_a_rollback_replays_the_same_records(kafka, spark, epoch_log):
     spec = kafka_pipeline("kafka_grow", kafka, **{"control.epoch_files": 2, "control.group_epochs": 2,
                                                   "control.epoch_max_records": 150, "spark.mode": "in_process"})
-    send(spec, kafka, events=400, seed=3, partitions=2)
+    send(spec, kafka, events=200, seed=3, partitions=2)
     execution.run_once(spec, epoch_log, spark, drain=True)
     admin = AdminClient({"bootstrap.servers": kafka.bootstrap})
     for future in admin.create_partitions([NewPartitions(spec.source.topic, 4)]).values():
         future.result()
-    send(spec, kafka, events=800, seed=4)  # now over 4 partitions
+    send(spec, kafka, events=400, seed=4)  # now over 4 partitions
     execution.run_once(spec, epoch_log, spark, drain=True)
     assert_matches_kafka_oracle(spark, spec, epoch_log, kafka)
     epochs = epoch_log.epochs(spec.name)
