@@ -29,7 +29,7 @@ export PATH := $(VENV)/bin:$(PATH)
 export PYTHONPATH := $(CURDIR)/plugins:$(CURDIR)
 
 .PHONY: help setup venv jars demo demo-kafka test test-full system-packages lint kafka spark-cluster airflow generate store-rebuild bench-control bench-control-e2e \
-	bench bench-quick bench-sched compose-env clean backfill rollback recover skip-file cli
+	bench bench-quick bench-sched bench-large-file compose-env clean backfill rollback preview-rollback recover skip-file cli
 
 help:
 	@echo "make demo      set up, generate YSB data, run the ysb DAG through Airflow, print results"
@@ -39,6 +39,7 @@ help:
 	@echo "make airflow   start Airflow (standalone) on http://127.0.0.1:8080 with sluice's DAGs (HOST=, PORT=)"
 	@echo "make backfill DAG=<dag> FROM=<date> TO=<date>  an Airflow backfill, one run at a time"
 	@echo "make rollback PIPELINE=<name> TO_EPOCH=<n> REASON=<why> [RECOMPUTE=false]  trigger sluice_rollback"
+	@echo "make preview-rollback PIPELINE=<name> TO_EPOCH=<n>  recompute into shadow tables, diff (changes nothing)"
 	@echo "make recover PIPELINE=<name>  trigger sluice_recover (rerun failed or unfinished epochs)"
 	@echo "make skip-file PIPELINE=<name> FILE=<path> REASON=<why>  skip a gone or unreadable file, recorded"
 	@echo "make cli ARGS='dags list'  any airflow command with this Makefile's environment"
@@ -48,9 +49,10 @@ help:
 	@echo "make store-rebuild PIPELINE=<name>  rebuild a lost epoch store from the tables' epoch records"
 	@echo "make bench-control  simulate the adaptive controllers on rate traces (bench/results/control.*)"
 	@echo "make bench-control-e2e  the controllers on Spark, YSB at a sinusoidal rate, ~15 min (control_e2e.*)"
-	@echo "make bench        YSB throughput vs Structured Streaming and batch, overheads (real Airflow), cost vs always-on"
-	@echo "make bench-quick  the same, smaller and without Airflow, < 8 min (bench/results/quick/)"
+	@echo "make bench        YSB throughput vs Structured Streaming and batch (files, Kafka), overheads (real Airflow), cost vs always-on"
+	@echo "make bench-quick  the same, smaller and without Airflow, about 10 min (bench/results/quick/)"
 	@echo "make compose-env  a .env with random secrets for docker-compose.yaml (kept if present)"
+	@echo "make bench-large-file  peak memory of one 0.3/1/3 GB landed file as one epoch, 1g driver (large_file.*)"
 	@echo "make bench-sched  concurrent epochs (A-scheduler) and Prompt partitioning on skewed keys (sched.*)"
 	@echo "make docs      regenerate docs/pipeline-spec.md from the spec models (plugins/sluice/spec.py)"
 
@@ -154,6 +156,13 @@ rollback: setup
 		echo "usage: make rollback PIPELINE=<name> TO_EPOCH=<n> REASON=<why> [RECOMPUTE=false]"; exit 2; }
 	@$(VENV)/bin/airflow dags trigger sluice_rollback --conf '{"pipeline": "$(PIPELINE)", "to_epoch": $(TO_EPOCH), "reason": "$(REASON)", "recompute": $(RECOMPUTE)}'
 
+# What that rollback (with recompute) would leave in each table, recomputed into shadow tables
+# under var/previews and compared with the published ones; changes nothing (no Airflow needed).
+preview-rollback: setup
+	@test -n "$(PIPELINE)" -a -n "$(TO_EPOCH)" || { \
+		echo "usage: make preview-rollback PIPELINE=<name> TO_EPOCH=<n>"; exit 2; }
+	@$(PY) -m sluice preview-rollback --pipeline $(PIPELINE) --to-epoch $(TO_EPOCH)
+
 recover: setup
 	@test -n "$(PIPELINE)" || { echo "usage: make recover PIPELINE=<name>"; exit 2; }
 	@$(VENV)/bin/airflow dags trigger sluice_recover --conf '{"pipeline": "$(PIPELINE)"}'
@@ -176,6 +185,7 @@ bench-control-e2e: setup
 # Spark benchmarks: JSON + PNG into bench/results/ (bench-quick: bench/results/quick/).
 bench: setup
 	@$(PY) -m bench.ysb
+	@$(PY) -m bench.ysb_kafka
 	@$(PY) -m bench.overhead
 	@$(PY) -m bench.delta_commit
 	@$(PY) -m bench.parse_cost
@@ -183,10 +193,16 @@ bench: setup
 
 bench-quick: setup
 	@SLUICE_BENCH_RESULTS=$(CURDIR)/bench/results/quick $(PY) -m bench.ysb --quick
+	@SLUICE_BENCH_RESULTS=$(CURDIR)/bench/results/quick $(PY) -m bench.ysb_kafka --quick
 	@SLUICE_BENCH_RESULTS=$(CURDIR)/bench/results/quick $(PY) -m bench.overhead --quick --skip-airflow
 	@SLUICE_BENCH_RESULTS=$(CURDIR)/bench/results/quick $(PY) -m bench.delta_commit --quick
 	@SLUICE_BENCH_RESULTS=$(CURDIR)/bench/results/quick $(PY) -m bench.parse_cost --quick
 	@SLUICE_BENCH_RESULTS=$(CURDIR)/bench/results/quick $(PY) -m bench.cost --quick
+
+# One landed JSON-lines file of 0.3, 1 and 3 GB, each one epoch under a 1g driver: peak memory
+# against a whole-file read (bench/results/large_file.*; ~5 GB of disk, ~10 min).
+bench-large-file: setup
+	@$(PY) -m bench.large_file
 
 bench-sched: setup
 	@$(PY) -m bench.sched

@@ -4,6 +4,7 @@
     sluice jars                                  fetch the Delta and Kafka jars once (Maven Central)
     sluice run-group --pipeline P --plan         plan, run and publish one group (no Airflow)
     sluice rollback --pipeline P --to-epoch N --reason WHY   trigger sluice_rollback in Airflow
+    sluice preview-rollback --pipeline P --to-epoch N      recompute into shadow tables and diff (changes nothing)
     sluice recover --pipeline P                  trigger sluice_recover in Airflow
     sluice skip-file --pipeline P --file F --reason WHY      skip a gone or unreadable file
     sluice rebuild-store --pipeline P            rebuild a lost epoch store from the tables' records
@@ -140,6 +141,25 @@ def rollback(args: argparse.Namespace) -> Any:
                                         "recompute": not args.no_recompute})
 
 
+def preview_rollback(args: argparse.Namespace) -> Any:
+    """What a rollback to an epoch with recompute would leave in each table: the epochs are
+    recomputed with the current code into shadow tables and compared with the published ones.
+    Nothing is changed; the report is kept for the console too (sluice_rollback_preview runs
+    the same in Airflow)."""
+    from sluice.logs import configure_job
+    from sluice.preview import shadow_preview
+    from sluice.spark import get_session
+    from sluice.spec import get_spec
+
+    configure_job(args.verbose)
+    spec = get_spec(args.pipeline)
+    spark = get_session(f"sluice-preview-{spec.name}", extra_conf=spec.spark.conf)
+    try:
+        return shadow_preview(spec, _store(args), spark, args.to_epoch).as_dict()
+    finally:
+        spark.stop()
+
+
 def recover(args: argparse.Namespace) -> Any:
     return _trigger("sluice_recover", {"pipeline": args.pipeline})
 
@@ -212,9 +232,14 @@ def _parser() -> argparse.ArgumentParser:
     sub.add_argument("--verbose", action="store_true", help=VERBOSE_HELP)
 
     sub = command("rollback", rollback, "trigger sluice_rollback in Airflow")
-    sub.add_argument("--to-epoch", type=int, required=True, help="the last epoch to keep")
+    sub.add_argument("--to-epoch", type=int, required=True, help="the first epoch rolled back (it and every later one)")
     sub.add_argument("--reason", required=True)
     sub.add_argument("--no-recompute", action="store_true", help="remove the epochs' rows; do not recompute them")
+
+    sub = command("preview-rollback", preview_rollback, "recompute a rollback's epochs into shadow tables and diff "
+                  "them with the published ones (changes nothing)", store=True)
+    sub.add_argument("--to-epoch", type=int, required=True, help="the first epoch rolled back (it and every later one)")
+    sub.add_argument("--verbose", action="store_true", help=VERBOSE_HELP)
 
     command("recover", recover, "trigger sluice_recover in Airflow (rerun failed or unfinished epochs)")
     command("jars", jars, "fetch the Delta and Kafka jars into the jars folder (once; Maven Central)", pipeline=False)

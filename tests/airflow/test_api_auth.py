@@ -23,7 +23,8 @@ from tests.pipelines import make_pipeline
 #: user -> role of the simple auth manager ("": a user with no role, so no access to any DAG).
 USERS = {"admin": "admin", "viewer": "viewer", "nobody": ""}
 ROUTES = ("/sluice/pipelines/{p}/epochs", "/sluice/pipelines/{p}/control", "/sluice/pipelines/{p}/groups",
-          "/sluice/pipelines/{p}/rollback-preview?to_epoch=0", "/sluice/ui/{p}")
+          "/sluice/pipelines/{p}/rollback-preview?to_epoch=0", "/sluice/pipelines/{p}/shadow-previews",
+          "/sluice/ui/{p}")
 
 
 @pytest.fixture(scope="module")

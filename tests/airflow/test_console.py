@@ -17,12 +17,13 @@ from pathlib import Path
 import httpx
 import pytest
 
+from include.generators.ysb import expected_window_counts
 from sluice import execution, protocol
 from sluice.paths import project_root
 from sluice.spec import PipelineSpec
 from sluice.store import EpochLog
 from tests.airflow import standalone
-from tests.pipelines import assert_matches_oracle, land, make_pipeline
+from tests.pipelines import assert_matches_oracle, land, landed, make_pipeline
 
 pytestmark = pytest.mark.browser
 
@@ -85,7 +86,7 @@ def server(ran, tmp_path_factory) -> Iterator[Login]:
         login = Login(srv, passwords[USER], first, token(REVIEWER) or "")
         with login.client() as client:
             standalone.wait_healthy(srv, client, timeout=180)
-            for dag_id in (NAME, "sluice_rollback"):
+            for dag_id in (NAME, "sluice_rollback", "sluice_rollback_preview"):
                 standalone.wait_for_dag(srv, client, dag_id, timeout=120)
         yield login
     finally:
@@ -217,6 +218,16 @@ def test_the_console_shows_a_pipeline_and_rolls_it_back(ran, server, browser, sp
     restore = driver.find_element(By.ID, "preview-restore").text
     assert f"campaign_views to version {epochs[1].delta_versions['campaign_views']}" in restore, restore
     assert not log.pending_rollback(NAME) and log.generation(NAME) == 0  # a preview changes nothing
+    # The shadow preview: sluice_rollback_preview, run by the scheduler, recomputes epoch 2 with
+    # the same code into a shadow table: every row as the oracle has it, none changed.
+    driver.find_element(By.ID, "shadow-preview-button").click()
+    counts = WebDriverWait(driver, 400, poll_frequency=2).until(
+        lambda d: d.find_elements(By.CSS_SELECTOR, "#shadow-preview .shadow-counts")).pop().text
+    rows = len(expected_window_counts(landed(ran)))
+    assert counts.startswith(f"campaign_views: {rows} rows published (version ") and counts.endswith(
+        f"), {rows} after the rollback: +0 added, -0 removed, ~0 changed"), counts
+    assert driver.find_elements(By.ID, "shadow-unchanged")
+    assert not log.pending_rollback(NAME) and log.generation(NAME) == 0
     screenshot(driver, "console-rollback-preview")
     driver.switch_to.frame(driver.find_element(By.CSS_SELECTOR, "iframe"))
     driver.find_element(By.ID, "rollback-confirm").click()

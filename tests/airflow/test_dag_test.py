@@ -35,7 +35,8 @@ def test_every_spec_becomes_a_dag_without_import_errors():
         assert [a.name for a in dag.get_task("checkpoint").outlets] == [
             f"sluice/{name}/{s.name}" for s in get_spec(name).sinks]
     for name, tasks in (("sluice_rollback", ["rollback", "recompute", "run_group", "validate", "checkpoint"]),
-                        ("sluice_recover", ["plan_group", "run_group", "validate", "checkpoint"])):
+                        ("sluice_recover", ["plan_group", "run_group", "validate", "checkpoint"]),
+                        ("sluice_rollback_preview", ["preview"])):
         dag = bag.dags.get(name)
         assert [t.task_id for t in dag.topological_sort()] == tasks
         assert {"ysb", "ysb_clean", "dag_shape"} <= set(dag.params.get_param("pipeline").schema["enum"])

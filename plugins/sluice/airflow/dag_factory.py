@@ -28,6 +28,7 @@ from sluice.airflow.operators import (
     RollbackOperator,
     RunGroupOperator,
     RunGroupSubmitOperator,
+    ShadowPreviewOperator,
     SkipFileOperator,
     ValidateOperator,
     freshness_asset,
@@ -176,6 +177,32 @@ def build_rollback_dag(specs: dict[str, PipelineSpec], approval: bool | None = N
     return dag
 
 
+def build_preview_dag(specs: dict[str, PipelineSpec]) -> DAG:
+    """``sluice_rollback_preview``: what a rollback to an epoch with recompute would leave in
+    each table, recomputed into shadow tables; nothing is changed."""
+    with _operations_dag(
+        "sluice_rollback_preview",
+        "Preview a sluice rollback: recompute its epochs into shadow tables and diff them (changes nothing)",
+        PREVIEW_DOC, specs, takes_lease=False,
+        to_epoch=Param(0, type="integer", minimum=0, title="Roll back to epoch",
+                       description="Preview a rollback of this epoch and every later one, with recompute."),
+    ) as dag:
+        ShadowPreviewOperator(task_id="preview", pipeline="{{ params.pipeline }}")
+    return dag
+
+
+PREVIEW_DOC = """Preview `sluice_rollback` to `to_epoch` with recompute, before anything is restored.
+
+1. The rollback's plan and preconditions, as the rollback would check them (a refusal is reported).
+2. Each sink's table as it was before `to_epoch` is copied into a shadow table under
+   `<data>/previews/<pipeline>/<run id>/`; the rolled-back epochs' recorded ranges are recomputed
+   with the current code (Great Expectations included) and written into it.
+3. The shadow is compared with the published table: rows added, removed and changed (by the
+   sink's keys), with a sample. The report is this task's return value and is shown in the
+   pipeline's "sluice epochs" tab. The published tables, the epoch store and the source are only read.
+"""
+
+
 def build_recover_dag(specs: dict[str, PipelineSpec]) -> DAG:
     """``sluice_recover``: rerun a pipeline's failed or unfinished epochs with their ranges."""
     with _operations_dag("sluice_recover",
@@ -279,9 +306,10 @@ def pipeline_dags(specs: dict[str, PipelineSpec]) -> dict[str, DAG]:
 
 
 def operations_dags(specs: dict[str, PipelineSpec]) -> dict[str, DAG]:
-    """``sluice_rollback``, ``sluice_recover``, ``sluice_skip_file``, and ``sluice_alerts`` when a
-    pipeline sets ``alerts.freshness``."""
+    """``sluice_rollback``, ``sluice_rollback_preview``, ``sluice_recover``, ``sluice_skip_file``,
+    and ``sluice_alerts`` when a pipeline sets ``alerts.freshness``."""
     dags = {"dag_sluice_rollback": build_rollback_dag(specs), "dag_sluice_recover": build_recover_dag(specs),
+            "dag_sluice_rollback_preview": build_preview_dag(specs),
             "dag_sluice_skip_file": build_skip_file_dag(specs), "dag_sluice_alerts": build_alerts_dag(specs)}
     return {name: dag for name, dag in dags.items() if dag is not None}
 

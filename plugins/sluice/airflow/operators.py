@@ -357,6 +357,40 @@ class RollbackOperator(_PipelineOperator):
         return dict(report, **plan.as_xcom())
 
 
+class ShadowPreviewOperator(_PipelineOperator):
+    """Recompute the epochs a rollback to ``to_epoch`` would recompute, with the current code,
+    into shadow tables, and compare them with the published tables (``sluice.preview``). Reads
+    the store, the source and the tables; changes none of them; takes no lease."""
+
+    ui_color = "#e3ecf7"
+
+    def act(self, context: Any) -> dict[str, Any]:
+        from pyspark.sql import SparkSession
+
+        from sluice.preview import shadow_preview
+        from sluice.spark import get_session
+
+        spec = get_spec(self.pipeline)
+        log = EpochLog(pipeline_store())
+        reused = SparkSession.getActiveSession() is not None
+        spark = None
+        try:
+            spark = get_session(f"sluice-preview-{spec.name}", extra_conf=spec.spark.conf)
+            report = shadow_preview(spec, log, spark, int(context["params"]["to_epoch"]),
+                                    preview_id=context["run_id"].replace(":", "_").replace("+", "_"))
+        finally:
+            if spark is not None and not reused:
+                spark.stop()
+            log.close()
+        for line in report.problems + report.notes:
+            self.log.info("%s", line)
+        for diff in report.sinks:
+            self.log.info("sink %s: %s rows published, %s after the rollback: +%s added, -%s removed, ~%s changed "
+                          "(shadow table %s)", diff.sink, diff.published_rows, diff.shadow_rows, diff.added,
+                          diff.removed, diff.changed, diff.shadow_path)
+        return report.as_dict()
+
+
 class SkipFileOperator(_PipelineOperator):
     """Skip a file that is gone or unreadable (``sluice_skip_file``), recorded with who (this
     DAG run), when and why; its epoch reads around it from then on. No Spark."""

@@ -7,13 +7,15 @@ files; ``GET /sluice/pipelines/{dag_id}/control`` the adaptive controllers' stat
 backlog sensor would decide now; ``GET /sluice/pipelines/{dag_id}/groups`` each group with the
 DAG run that planned it; ``GET /sluice/pipelines/{dag_id}/rollback-preview?to_epoch=N`` what a
 rollback to epoch N would remove and restore, and what blocks it, read from the store and the
-source only (the rollback task checks the Delta tables again before it changes anything).
+source only (the rollback task checks the Delta tables again before it changes anything);
+``GET /sluice/pipelines/{dag_id}/shadow-previews`` the kept reports of ``sluice_rollback_preview``
+(the rollback's epochs recomputed into shadow tables and compared with the published ones).
 
 The console, pages the Airflow UI shows in a frame (``external_views`` in ``sluice_plugin``):
 ``GET /sluice/ui`` lists the pipelines, ``GET /sluice/ui/{dag_id}`` is a pipeline's page. The
 page reads the routes above and starts operator actions by triggering ``sluice_rollback``,
-``sluice_recover`` or ``sluice_skip_file`` through Airflow's own REST API, so Airflow checks
-that the user may trigger them and records who did.
+``sluice_rollback_preview``, ``sluice_recover`` or ``sluice_skip_file`` through Airflow's own
+REST API, so Airflow checks that the user may trigger them and records who did.
 
 Behind Airflow's auth: plugin apps are mounted outside the core API, whose dependencies never
 reach them, so every route here asks for the user itself (a Bearer JWT, or the UI's session
@@ -187,6 +189,16 @@ def rollback_preview(dag_id: str, to_epoch: int = Query(ge=0)) -> dict[str, Any]
                                  "writers since) and refuses with nothing changed"}
     finally:
         log.close()
+
+
+@app.get("/pipelines/{dag_id}/shadow-previews", dependencies=CAN_READ)
+def shadow_previews(dag_id: str) -> list[dict[str, Any]]:
+    """The kept shadow previews of rollbacks (``sluice_rollback_preview``), newest first: per
+    sink the rows a rollback with recompute would add, remove and change, with a sample."""
+    from sluice.preview import saved_previews
+
+    _spec_or_404(dag_id)
+    return saved_previews(dag_id)
 
 
 _PAGE = Path(__file__).with_name("console.html")
