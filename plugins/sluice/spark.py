@@ -110,7 +110,10 @@ def fetch_spark_jars() -> list[str]:
 #: (and G1's concurrent threads) never pays back: with C1 alone and the serial collector a group
 #: of Delta MERGEs took 40 % fewer CPU-seconds and less wall time here, and a 25-million-row one
 #: 23 % fewer CPU-seconds for 7 % more wall time. A spec's ``spark.conf`` may replace them.
-RUN_ONCE_JAVA_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
+#: C1 alone gets a 48 MB code cache by default (240 MB with C2): a long group (a backlog of
+#: minutes, a 3 GB file) filled it, the JVM disabled its compiler and ran interpreted from then
+#: on, so the cache is sized as with C2 (reserved address space; committed only as code is made).
+RUN_ONCE_JAVA_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:ReservedCodeCacheSize=240m -XX:+UseSerialGC"
 
 
 def spark_conf(extra: dict[str, str] | None = None, run_once: bool = True) -> dict[str, str]:
