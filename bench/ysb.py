@@ -34,7 +34,17 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from bench.common import configure, land_ysb, results_dir, session, stats, write_result, write_spec, ysb_spec_yaml
+from bench.common import (
+    configure,
+    foreach_batch_writer,
+    land_ysb,
+    results_dir,
+    session,
+    stats,
+    write_result,
+    write_spec,
+    ysb_spec_yaml,
+)
 
 EPOCH_SIZES = (1, 4, 16)
 
@@ -77,35 +87,12 @@ class Bench:
 
     # (b) ---------------------------------------------------------------------------------------
     def structured_streaming(self, n: int) -> tuple[float, Any]:
-        from pyspark.sql import DataFrame
-
-        from sluice.runner import load_transform, split_rejected
-        from sluice.sinks.delta import DeltaSink, EpochRange, rejected_sink
         from sluice.sources import FileSource
 
         spec, root = self._spec("ss", n)
         source = FileSource(spec, None)
-        transform = load_transform(spec.transform)
-        refs: dict[str, DataFrame] = {}
-        sink = DeltaSink(spec.name, spec.sinks[0])
-        rejected = rejected_sink(spec.name, spec.rejected_table)
         batches: list[int] = []
-
-        def write_batch(batch: DataFrame, batch_id: int) -> None:
-            from sluice.runner import load_reference
-
-            if not refs:
-                refs.update(load_reference(self.spark, spec))
-            records = batch.persist()
-            try:
-                valid, bad = split_rejected(records, spec, 0, batch_id)
-                output = transform(valid, refs)
-                kw = {"epochs": [EpochRange(batch_id, batch_id, batch_id + 1)], "generation": 0, "token": 1}
-                rejected.write(self.spark, bad, skip_empty=True, **kw)
-                sink.write(self.spark, output, **kw)
-            finally:
-                records.unpersist()
-            batches.append(batch_id)
+        write_batch = foreach_batch_writer(self.spark, spec, batches)
 
         t0 = time.perf_counter()
         stream = (self.spark.readStream.format("text").option("wholetext", True)

@@ -55,7 +55,16 @@ from typing import Any
 
 import yaml
 
-from bench.common import ROOT, configure, results_dir, session, stats, write_result, write_spec
+from bench.common import (
+    ROOT,
+    configure,
+    foreach_batch_writer,
+    results_dir,
+    session,
+    stats,
+    write_result,
+    write_spec,
+)
 
 PARTITIONS = 4
 CHUNK_RECORDS = 1000  # include/pipelines/ysb_kafka.yaml's source.chunk_records
@@ -180,48 +189,20 @@ class Bench:
 
     # (b) ---------------------------------------------------------------------------------------
     def structured_streaming(self, r: int) -> tuple[float, Any]:
-        from pyspark.sql import DataFrame
-        from pyspark.sql import functions as F
-
-        from sluice.runner import load_transform, split_rejected
-        from sluice.sinks.delta import DeltaSink, EpochRange, rejected_sink
         from sluice.sources.kafka import KafkaSource
 
         spec, root = self._spec("ss", r)
         source = KafkaSource(spec, None)
-        transform = load_transform(spec.transform)
-        refs: dict[str, DataFrame] = {}
-        sink = DeltaSink(spec.name, spec.sinks[0])
-        rejected = rejected_sink(spec.name, spec.rejected_table)
         batches: list[int] = []
-
-        def write_batch(batch: DataFrame, batch_id: int) -> None:
-            from sluice.runner import load_reference
-
-            if not refs:
-                refs.update(load_reference(self.spark, spec))
-            records = batch.persist()
-            try:
-                valid, bad = split_rejected(records, spec, 0, batch_id)
-                output = transform(valid, refs)
-                kw = {"epochs": [EpochRange(batch_id, batch_id, batch_id + 1)], "generation": 0, "token": 1}
-                rejected.write(self.spark, bad, skip_empty=True, **kw)
-                sink.write(self.spark, output, **kw)
-            finally:
-                records.unpersist()
-            batches.append(batch_id)
+        write_batch = foreach_batch_writer(self.spark, spec, batches)
 
         t0 = time.perf_counter()
         stream = (self.spark.readStream.format("kafka")
                   .option("kafka.bootstrap.servers", self.bootstrap).option("subscribe", TOPIC)
                   .option("startingOffsets", "earliest").option("maxOffsetsPerTrigger", r)
                   .option("failOnDataLoss", "true").load())
-        # KafkaSource._read's numbered lines, then the source's own parse
-        lines = stream.select(
-            F.concat(F.lit(f"kafka://{TOPIC}/"), F.col("partition").cast("string")).alias("_file"),
-            F.col("offset").alias("_line"),
-            F.coalesce(F.col("value").cast("string"), F.lit("")).alias("_text"))
-        query = (source.parse_lines(lines).writeStream.foreachBatch(write_batch)
+        # the source's own numbered lines and parse
+        query = (source.parse_lines(source.numbered_lines(stream)).writeStream.foreachBatch(write_batch)
                  .option("checkpointLocation", str(root / "checkpoint"))
                  .trigger(availableNow=True).start())
         query.awaitTermination()

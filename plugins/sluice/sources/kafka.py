@@ -286,13 +286,20 @@ class KafkaSource(EntrySource):
                 (F.col("offset") < chunk.end)
             epoch = (F.when(inside, F.lit(tag)) if epoch is None else epoch.when(inside, F.lit(tag)))
         assert epoch is not None
-        lines = records.select(
+        lines = self.numbered_lines(records.withColumn("_epoch", epoch), "_epoch").where(F.col("_epoch").isNotNull())
+        if epoch_of is None:
+            lines = lines.drop("_epoch")
+        return self.parse_lines(lines)
+
+    def numbered_lines(self, records: DataFrame, *keep: str) -> DataFrame:
+        """Kafka's rows (batch or stream) as a file's numbered lines: ``_file`` =
+        ``kafka://topic/partition``, ``_line`` = the offset, ``_text`` = the value."""
+        from pyspark.sql import functions as F
+
+        return records.select(
             F.concat(F.lit(f"kafka://{self.topic}/"), F.col("partition").cast("string")).alias("_file"),
             F.col("offset").alias("_line"),
             # A message without a value (a tombstone) holds no record, as a blank line does not.
             F.coalesce(F.col("value").cast("string"), F.lit("")).alias("_text"),
-            epoch.alias("_epoch"),
-        ).where(F.col("_epoch").isNotNull())
-        if epoch_of is None:
-            lines = lines.drop("_epoch")
-        return self.parse_lines(lines)
+            *keep,
+        )
