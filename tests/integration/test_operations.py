@@ -298,8 +298,8 @@ def test_vanished_file_halts_at_max_attempts_then_a_recorded_skip_lets_the_pipel
     assert [(f.path, f.skipped.by, f.skipped.reason) for f in skipped] == [(str(victim), "ops:test", "upload lost")]
 
 
-@pytest.mark.parametrize("mode", ["recompute", pytest.param("only", marks=pytest.mark.full),
-                                  pytest.param("backfill", marks=pytest.mark.full)])
+@pytest.mark.parametrize("mode", ["recompute", pytest.param("only", marks=pytest.mark.variant),
+                                  pytest.param("backfill", marks=pytest.mark.variant)])
 def test_rollback_into_the_middle_of_a_group_commit(spark, epoch_log, mode):
     """Epochs 0..3 are one Delta commit per table; a rollback to epoch 2 restores the version
     before that commit, recomputes epochs 0 and 1 with their recorded ranges (and 2, 3 with
