@@ -491,16 +491,10 @@ def rollback(spec: PipelineSpec, epoch_log: EpochLog, spark: SparkSession, lease
     (all by default) as one group of this lease, the rest for later runs. Returns a report,
     with ``group_id`` of the group to run now, if any.
     """
-    plan = epoch_log.rollback_plan(spec.name, to_epoch)
-    shared = sharing_a_commit(plan)
+    plan, shared = group_rollback_plan(epoch_log, spec.name, to_epoch)
     replan_later = recompute
     if shared:
-        # A group commit holds several epochs in one Delta version: rolling back into its
-        # middle restores the version before it and recomputes its epochs before to_epoch with
-        # their recorded ranges (and, with recompute, the rest as well).
-        log.info("pipeline %s: epochs %s share a Delta commit with epoch %s; they are recomputed", spec.name,
-                 shared, to_epoch)
-        plan = epoch_log.rollback_plan(spec.name, shared[0])
+        log.info("pipeline %s: %s", spec.name, shared_commit_note(shared, to_epoch))
         if not recompute:
             recompute, through_epoch = True, to_epoch - 1
     try:
@@ -538,6 +532,21 @@ def rollback(spec: PipelineSpec, epoch_log: EpochLog, spark: SparkSession, lease
     log.info("pipeline %s: rolled back to epoch %s (generation %s -> %s): %s", spec.name, to_epoch,
              plan.generation, new_gen, json.dumps(record["restored"]))
     return dict(record, group_id=group.group_id if group else None)
+
+
+def group_rollback_plan(epoch_log: EpochLog, pipeline: str, to_epoch: int) -> tuple[RollbackPlan, list[int]]:
+    """The plan of a rollback to ``to_epoch``, and the kept epochs that share a Delta commit with
+    it. A group commit holds several epochs in one Delta version: rolling back into its middle
+    restores the version before it and recomputes its epochs before ``to_epoch`` with their
+    recorded ranges (and, with recompute, the rest as well); the plan then starts at the first."""
+    plan = epoch_log.rollback_plan(pipeline, to_epoch)
+    shared = sharing_a_commit(plan)
+    return (epoch_log.rollback_plan(pipeline, shared[0]) if shared else plan), shared
+
+
+def shared_commit_note(shared: list[int], to_epoch: int) -> str:
+    return (f"epochs {shared} share a Delta commit with epoch {to_epoch}: the tables go back to before epoch "
+            f"{shared[0]}, and those epochs are recomputed with their recorded ranges")
 
 
 def sharing_a_commit(plan: RollbackPlan) -> list[int]:

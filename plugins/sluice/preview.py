@@ -117,11 +117,9 @@ def shadow_preview(spec: PipelineSpec, epoch_log: EpochLog, spark: SparkSession,
     try:
         # 1. The rollback's plan and preconditions.
         try:
-            plan = epoch_log.rollback_plan(spec.name, to_epoch)
-            if shared := execution.sharing_a_commit(plan):
-                plan = epoch_log.rollback_plan(spec.name, shared[0])
-                report.notes.append(f"epochs {shared} share a Delta commit with epoch {to_epoch}: the tables go "
-                                    f"back to before epoch {shared[0]}, and those epochs are recomputed too")
+            plan, shared = execution.group_rollback_plan(epoch_log, spec.name, to_epoch)
+            if shared:
+                report.notes.append(execution.shared_commit_note(shared, to_epoch))
             execution.check_preconditions(spec, epoch_log, spark, plan)
         except SluiceError as exc:  # a refused rollback (RollbackRefusedError) or no such epoch
             report.problems.append(str(exc))

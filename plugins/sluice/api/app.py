@@ -160,15 +160,13 @@ def rollback_preview(dag_id: str, to_epoch: int = Query(ge=0)) -> dict[str, Any]
     try:
         if not log.has_pipeline(name):
             raise HTTPException(status_code=404, detail=f"pipeline {name!r} has no epochs yet")
-        from sluice.execution import restore_target, sharing_a_commit, source_problems
+        from sluice.execution import group_rollback_plan, restore_target, shared_commit_note, source_problems
 
         notes = []
         try:
-            plan = log.rollback_plan(name, to_epoch)
-            if shared := sharing_a_commit(plan):  # as ``execution.rollback`` does
-                plan = log.rollback_plan(name, shared[0])
-                notes.append(f"epochs {shared} share a Delta commit with epoch {to_epoch}: the tables go back to "
-                             f"before epoch {shared[0]}, and those epochs are recomputed with their recorded ranges")
+            plan, shared = group_rollback_plan(log, name, to_epoch)  # as ``execution.rollback`` plans it
+            if shared:
+                notes.append(shared_commit_note(shared, to_epoch))
         except SluiceError as exc:
             return {"pipeline": name, "to_epoch": to_epoch, "allowed": False, "problems": [str(exc)], "notes": [],
                     "rolled_back": [], "kept": 0, "restore_to": {}, "rows_removed": {}}
