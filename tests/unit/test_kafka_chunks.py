@@ -11,7 +11,7 @@ import yaml
 
 from sluice.errors import SourceError, SpecError
 from sluice.paths import project_root
-from sluice.sources.kafka import Chunk, chunk_ranges, merge_adjacent, partition_ranges
+from sluice.sources.kafka import Chunk, chunk_ranges, chunk_times, merge_adjacent, partition_ranges
 from sluice.spec import load_spec
 from sluice.store import EpochLog
 
@@ -22,6 +22,13 @@ def test_offsets_are_cut_into_chunks_that_cover_them_once():
     ranges = chunk_ranges(13, 1013, 37)
     assert ranges[0][0] == 13 and ranges[-1][1] == 1013
     assert all(a < b <= a + 37 for a, b in ranges) and all(x[1] == y[0] for x, y in pairwise(ranges))
+
+
+def test_chunk_times_interpolate_between_the_two_read_and_never_go_back():
+    ranges = chunk_ranges(100, 450, 100)  # starts 100, 200, 300, 400
+    assert chunk_times(ranges, 10.0, 16.0) == [10.0, 12.0, 14.0, 16.0]  # exact at both reads
+    assert chunk_times(ranges, 10.0, 7.0) == [10.0] * 4  # a producer's clock went back
+    assert chunk_times([(5, 9)], 3.0, 3.0) == [3.0] and chunk_times([], 1.0, 2.0) == []
 
 
 def test_a_chunk_is_named_by_its_path_and_parsed_back():

@@ -82,6 +82,18 @@ def chunk_ranges(start: int, end: int, size: int) -> list[tuple[int, int]]:
     return [(a, min(a + size, end)) for a in range(start, end, size)]
 
 
+def chunk_times(ranges: list[tuple[int, int]], first_s: float, last_s: float) -> list[float]:
+    """When each chunk's first record arrived, interpolated by offset between the first chunk's
+    (``first_s``) and the last chunk's (``last_s``), both read from the broker: two reads per
+    partition instead of one per chunk (12-15 ms each: 4 s for 320 chunks, measured). Never
+    decreasing, so a partition's chunks stay in offset order whatever the producers' clocks."""
+    if not ranges:
+        return []
+    start, last = ranges[0][0], ranges[-1][0]
+    slope = max(0.0, (last_s - first_s) / (last - start)) if last > start else 0.0
+    return [first_s + slope * (a - start) for a, _ in ranges]
+
+
 def partition_ranges(chunks: list[Chunk]) -> dict[int, tuple[int, int]]:
     """Per partition, the offsets from the first chunk's start to the last one's end."""
     found: dict[int, tuple[int, int]] = {}
@@ -197,12 +209,15 @@ class KafkaSource(EntrySource):
     def discover(self) -> int:
         """Register the records written since the last discovery as chunks, oldest first."""
         with self._consumer() as consumer:
-            new = []
+            new: list[tuple[float, int, int, Chunk]] = []
             for p, (start, high) in self._unregistered(consumer, self._registered_ends()).items():
-                for a, b in chunk_ranges(start, high, self.kafka.chunk_records):
-                    new.append((Chunk(self.topic, p, a, b).path, b - a, self._timestamp(consumer, p, a)))
-        new.sort(key=lambda chunk: (chunk[2], chunk[0]))
-        return self.log.register_files(self.spec.name, new)
+                ranges = chunk_ranges(start, high, self.kafka.chunk_records)
+                first = self._timestamp(consumer, p, start)
+                last = self._timestamp(consumer, p, ranges[-1][0]) if len(ranges) > 1 else first
+                for (a, b), at in zip(ranges, chunk_times(ranges, first, last), strict=True):
+                    new.append((at, p, a, Chunk(self.topic, p, a, b)))
+        new.sort(key=lambda chunk: chunk[:3])  # by time; a partition's chunks in offset order on ties
+        return self.log.register_files(self.spec.name, [(c.path, c.end - c.start, at) for at, _, _, c in new])
 
     def backlog(self) -> Backlog:
         """Chunks registered and not planned, plus the records not registered yet: their count
