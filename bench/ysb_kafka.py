@@ -361,8 +361,7 @@ def summarize(bench: Bench, times: dict[tuple[str, int], list[float]], sizes: tu
             "records": bench.records, "partitions": PARTITIONS,
             "records_per_partition": sorted(set(bench.per_partition.values())),
             "chunk_records": CHUNK_RECORDS, "reps": reps, "quick": quick,
-            "spark": "local[2], one session; driver JVM C1-only with a 240-256 MB code cache "
-                     "(RUN_ONCE_JAVA_OPTIONS; this run set 256m itself, before sluice did)",
+            "spark": "local[2], one session; driver JVM C1-only with a 240 MB code cache (RUN_ONCE_JAVA_OPTIONS)",
             "broker": "one KRaft node (include/kafka/broker.py), same machine", "bootstrap": bootstrap,
             "malformed_fraction": 0.001, "oracle_rejected": len(bench.oracle_rejected), "validation": False,
             "produce_s": round(bench.produce_s, 1), "oracle_s": round(bench.oracle_s, 1),

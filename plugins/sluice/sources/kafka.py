@@ -130,9 +130,13 @@ class KafkaSource(EntrySource):
     def _consumer(self) -> Iterator[Consumer]:
         from confluent_kafka import Consumer
 
+        # fetch.wait.max.ms: discovery reads single records partition after partition; with the
+        # default 500 ms each re-assignment waited out the previous partition's pending fetch
+        # (measured: 0.5 s per timestamp read, 0.02 s with 10 ms).
         consumer = Consumer({"bootstrap.servers": self.kafka.bootstrap_servers, "group.id": f"sluice-{self.spec.name}",
                              "enable.auto.commit": False, "enable.partition.eof": False,
-                             "socket.timeout.ms": int(TIMEOUT_S * 1000), "log_level": 3, **self.kafka.options})
+                             "socket.timeout.ms": int(TIMEOUT_S * 1000), "log_level": 3, "fetch.wait.max.ms": 10,
+                             **self.kafka.options})
         try:
             yield consumer
         finally:
