@@ -114,6 +114,25 @@ def markov(levels: tuple[float, ...], dwell_s: float, duration_s: float, seed: i
                  segments=segs)
 
 
+def bursts(base: float, peak: float, every_s: float, burst_s: float, duration_s: float,
+           name: str = "bursts") -> Trace:
+    """``base`` records/s with a burst at ``peak`` for ``burst_s`` at the start of every
+    ``every_s`` (short bursts several times the base rate); one segment per cycle."""
+    n = int(duration_s // every_s)
+    segs = tuple((i * every_s, (i + 1) * every_s, f"cycle {i}") for i in range(n))
+    return Trace(name, duration_s, lambda t: np.where(np.asarray(t) % every_s < burst_s, peak, base).astype(float),
+                 segments=segs)
+
+
+def on_off(rate: float, on_s: float, off_s: float, duration_s: float, name: str = "on_off") -> Trace:
+    """``rate`` records/s for ``on_s``, then nothing for ``off_s`` (files still land, empty)."""
+    cycle = on_s + off_s
+    n = int(duration_s // cycle)
+    segs = tuple((i * cycle, (i + 1) * cycle, f"cycle {i}") for i in range(n))
+    return Trace(name, duration_s, lambda t: np.where(np.asarray(t) % cycle < on_s, rate, 0.0).astype(float),
+                 segments=segs)
+
+
 def capacity_cut(rate: float, cut_at_s: float, factor: float, duration_s: float, name: str = "capacity_cut") -> Trace:
     return Trace(name, duration_s, lambda t: np.full(np.shape(t), rate, float),
                  capacity=lambda t: factor if t >= cut_at_s else 1.0,
@@ -216,7 +235,8 @@ class Simulator:
             })
             out.processed_files.append((s, e))
             method.record(GroupResult(gid, tuple(r.size for r in ranges), tuple(float(x) for x in epoch_s), coord,
-                                      d.partitions, view.rate_rps, f, "freshness" if forced else d.reason))
+                                      d.partitions, view.rate_rps, f, "freshness" if forced else d.reason,
+                                      epoch_records=tuple(int(x) for x in n)))
             gid += 1
             nxt, t = e, publish
             if self.abort is not None and self.arrived(t) - nxt > self.abort:

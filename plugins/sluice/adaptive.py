@@ -25,6 +25,55 @@ log = logging.getLogger("sluice.adaptive")
 
 #: Arrival rates are measured over this many seconds of landed files (at least).
 RATE_WINDOW_S = 120.0
+#: Arrivals count as paused after this many usual gaps between files with nothing new.
+PAUSE_GAPS = 3.0
+
+
+@dataclass(frozen=True)
+class StartReason:
+    """Why a group started when it did (or, with ``rule`` None, why the next one waits): the
+    firing rule and the figures it compared. Recorded with the group (``Group.plan["started"]``),
+    shown per epoch by ``GET /sluice/pipelines/<p>/epochs`` and for the next group by ``/control``."""
+
+    rule: str | None  # efficient group | freshness | drain | full group | scheduled | retry | None (waiting)
+    objective: str  # control.objective: latency | cost
+    backlog_files: int
+    group_files: int  # the backlog that makes the planned group whole
+    oldest_age_s: float
+    predicted_wall_s: float
+    freshness_sla_s: float
+
+    @property
+    def explanation(self) -> str:
+        files, group = self.backlog_files, self.group_files
+        due = self.oldest_age_s + self.predicted_wall_s
+        if self.rule == "efficient group":
+            return f"the backlog ({files} files) filled the planned group ({group} files)"
+        if self.rule == "freshness":
+            return (f"the oldest file was {self.oldest_age_s:.0f} s old and the group was predicted to take "
+                    f"{self.predicted_wall_s:.0f} s: waiting longer would break the {self.freshness_sla_s:.0f} s "
+                    f"freshness SLA (objective {self.objective})")
+        if self.rule == "drain":
+            return (f"arrivals stopped or paused: the whole backlog ({files} files) in one group, without waiting "
+                    f"for a larger one")
+        if self.rule == "full group":
+            return f"the backlog ({files} files) fills the largest group the memory budget allows; waiting adds nothing"
+        if self.rule == "scheduled":
+            return f"a scheduled (cron) run takes whatever waits ({files} files)"
+        if self.rule == "retry":
+            return "a failed run left epochs unfinished; they are retried with their recorded ranges"
+        if files == 0:
+            return "waiting: nothing to process"
+        wait = ("as long as the SLA allows" if self.objective == "cost"
+                else f"until the backlog fills the planned group ({files} of {group} files)")
+        return (f"waiting {wait}; the SLA forces a start in about "
+                f"{max(0.0, self.freshness_sla_s - due):.0f} s (objective {self.objective})")
+
+    def as_record(self) -> dict[str, Any]:
+        return {"rule": self.rule, "objective": self.objective, "backlog_files": self.backlog_files,
+                "group_files": self.group_files, "oldest_age_s": round(self.oldest_age_s, 1),
+                "predicted_wall_s": round(self.predicted_wall_s, 1), "freshness_sla_s": self.freshness_sla_s,
+                "explanation": self.explanation}
 
 
 @dataclass(frozen=True)
@@ -35,13 +84,15 @@ class Verdict:
     fire: str | None
     rate_rps: float
     file_rate: float
+    started: StartReason
 
     def plan(self) -> dict[str, Any]:
         """What the sensor hands to the run."""
         return {"epoch_size": self.decision.epoch_size, "k": self.decision.k,
                 "partitions": self.decision.partitions, "reason": f"{self.fire}: {self.decision.reason}",
                 "predicted_wall_s": round(self.decision.predicted_wall_s, 3),
-                "rate_rps": round(self.rate_rps, 3), "file_rate": round(self.file_rate, 5)}
+                "rate_rps": round(self.rate_rps, 3), "file_rate": round(self.file_rate, 5),
+                "started": self.started.as_record()}
 
 
 def load_state(spec: PipelineSpec, epoch_log: EpochLog) -> ControlState:
@@ -91,6 +142,16 @@ def arrival_rates(spec: PipelineSpec, epoch_log: EpochLog, mtimes: list[float],
     return file_rate * per_file, file_rate
 
 
+def arrivals_paused(spec: PipelineSpec, mtimes: list[float], file_rate: float, now: float | None = None) -> bool:
+    """Nothing landed for ``PAUSE_GAPS`` times the usual gap between files (and at least two
+    polls), although the rate window still counts recent files: a burst that ended, or a
+    generator that stopped. Waiting for a larger group then only makes the backlog older."""
+    if not mtimes or file_rate <= 0:
+        return False
+    now = time.time() if now is None else now
+    return now - max(mtimes) > max(PAUSE_GAPS / file_rate, 2 * spec.control.poll_interval_s)
+
+
 def decide(spec: PipelineSpec, epoch_log: EpochLog, backlog_files: int, oldest_age_s: float | None,
            mtimes: list[float], *, continuous: bool = True) -> Verdict:
     """Plan the next group and say whether to start it now. Under ``control.objective: latency``
@@ -113,14 +174,16 @@ def decide(spec: PipelineSpec, epoch_log: EpochLog, backlog_files: int, oldest_a
             partitions=decision.partitions, coordination_s=state.group.coordination_s,
             seconds_per_file=seconds_per_file(spec, epoch_log),
             lead_s=spec.control.poll_interval_s + state.epoch.config.margin_s)
-    elif rate_rps == 0 and backlog_files > 0:
+    elif backlog_files > 0 and (rate_rps == 0 or arrivals_paused(spec, mtimes, file_rate)):
         decision = drain_decision(spec, epoch_log, state, backlog_files, decision)
-        fire = "efficient group"  # the group is the whole backlog, and waiting adds nothing to it
+        fire = "drain"  # the group is the whole backlog, and waiting adds nothing to it
     else:
         fire = fire_reason(decision, backlog_files, oldest_age_s or 0.0, spec.control.freshness_sla_s)
     if not continuous:
         fire = "scheduled" if backlog_files > 0 else None
-    return Verdict(decision, fire, rate_rps, file_rate)
+    started = StartReason(fire, spec.control.objective, backlog_files, decision.group_files, oldest_age_s or 0.0,
+                          decision.predicted_wall_s, spec.control.freshness_sla_s)
+    return Verdict(decision, fire, rate_rps, file_rate, started)
 
 
 def max_epoch_files(spec: PipelineSpec, epoch_log: EpochLog, state: ControlState) -> int:
@@ -132,11 +195,11 @@ def max_epoch_files(spec: PipelineSpec, epoch_log: EpochLog, state: ControlState
 
 def drain_decision(spec: PipelineSpec, epoch_log: EpochLog, state: ControlState, backlog_files: int,
                    idle: Decision) -> Decision:
-    """Nothing arrives any more but a backlog waits: one group for all of it, in epochs as large
-    as the memory budget allows (there is no arrival rate to size them against)."""
+    """Nothing arrives any more (or arrivals paused) but a backlog waits: one group for all of
+    it, in epochs as large as the memory budget allows (no arrival rate to size them against)."""
     epoch_size = min(backlog_files, max_epoch_files(spec, epoch_log, state))
     k = min(math.ceil(backlog_files / epoch_size), spec.control.max_group_epochs)
-    return Decision(epoch_size, k, idle.partitions, "drain: no arrivals, the whole backlog in one group",
+    return Decision(epoch_size, k, idle.partitions, "arrivals stopped or paused: the whole backlog in one group",
                     idle.predicted_wall_s)
 
 
@@ -152,11 +215,13 @@ def record_group(spec: PipelineSpec, epoch_log: EpochLog, group: Group, now: flo
     epoch_s = [float(e.timings["epoch_s"]) for e in epochs]
     wall = max(now - started, sum(epoch_s)) if started else sum(epoch_s)
     state = load_state(spec, epoch_log)
+    records = [e.rows.get("input") for e in epochs]
     result = GroupResult(group_id=group.group_id, epoch_files=tuple(e.end - e.start for e in epochs),
                          epoch_s=tuple(epoch_s), coordination_s=wall - sum(epoch_s),
                          partitions=int(plan.get("partitions") or state.epoch.config.initial_partitions),
                          rate_rps=float(plan["rate_rps"]), file_rate=float(plan["file_rate"]),
-                         reason=str(plan.get("reason", "")))
+                         reason=str(plan.get("reason", "")),
+                         epoch_records=tuple(int(n) for n in records) if None not in records else ())
     note = state.record(result)
     # Keep what else the store holds for the pipeline (the concurrency controller's state).
     epoch_log.save_control_state(spec.name, {**(epoch_log.control_state(spec.name) or {}), **state.to_dict()})

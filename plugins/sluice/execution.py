@@ -78,6 +78,7 @@ class SensedPlan:
     predicted_wall_s: float | None = None
     rate_rps: float | None = None
     file_rate: float | None = None
+    started: dict[str, Any] | None = None  # ``adaptive.StartReason.as_record()``: why the group started now
 
     @classmethod
     def fired(cls, verdict_plan: dict[str, Any], backlog: dict[str, Any] | None, params: dict[str, Any]) -> SensedPlan:
@@ -92,7 +93,8 @@ class SensedPlan:
 
     def measured(self) -> dict[str, Any]:
         """What the group records of the controllers' view, beside its reason (``Group.plan``)."""
-        return {key: value for key in ("partitions", "fired_at", "rate_rps", "file_rate", "predicted_wall_s")
+        return {key: value for key in ("partitions", "fired_at", "rate_rps", "file_rate", "predicted_wall_s",
+                                       "started")
                 if (value := getattr(self, key)) is not None}
 
     def as_xcom(self) -> dict[str, Any]:

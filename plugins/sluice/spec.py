@@ -151,7 +151,9 @@ class ControlSpec(_Strict):
 
     adaptive: bool = Field(False, description="size epochs (DyBBS) and groups (Drizzle AIMD) from measurements; "
                                               "false: the fixed sizes below")
-    epoch_files: int = Field(4, ge=1, le=100_000, description="epoch size, in source files (the start, if adaptive)")
+    epoch_files: int = Field(4, ge=1, le=100_000,
+                             description="epoch size, in source files (if adaptive, a floor for the first size, "
+                                         "which the controllers compute from the measured fixed cost)")
     epoch_max_records: int | None = Field(
         None, ge=1, description="Kafka: bound an epoch in records (as maxOffsetsPerTrigger does); it ends before "
                                 "the chunk that would take it past the bound; null: chunks only")

@@ -194,6 +194,16 @@ def test_quickstart_unpause_generate_equals_oracle(spark, user):
     user.make("generate", "RATE=1000", "DURATION=16", "SEED=3")
     wait_for_oracle(spark, user, "after make generate")
     assert user.unhealthy_since is None and user.health_samples > 0
+    # docs/operating.md "Why a group started": the sensor's rule and the figures it compared
+    published = [e for e in user.epochs() if e["state"] == "published"]
+    assert published and all(e["started"] and e["started"]["explanation"] for e in published), published
+    for why in (e["started"] for e in published):
+        if why["rule"] == "efficient group":
+            assert why["backlog_files"] >= why["group_files"], why
+        elif why["rule"] == "freshness":
+            assert why["oldest_age_s"] + why["predicted_wall_s"] >= why["freshness_sla_s"], why
+        else:
+            assert why["rule"] == "drain" and why["backlog_files"] > 0, why
     versions = user.client.get("/api/v2/dags/ysb/dagVersions").json()
     assert versions["total_entries"] == 1, f"ysb got new DAG versions while nothing changed: {versions}"
 

@@ -4,6 +4,7 @@ restart (a new EpochLog on the same store)."""
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 
@@ -75,12 +76,12 @@ def test_arrivals_that_began_lately_are_measured_since_they_began(log):
 def test_a_backlog_with_no_arrivals_drains_in_one_group(log):
     spec = make_pipeline("adaptive_drain", **{"control.adaptive": True})
     verdict = adaptive.decide(spec, log, backlog_files=36, oldest_age_s=500.0, mtimes=[1.0] * 36)
-    assert verdict.decision.reason.startswith("drain")
+    assert verdict.decision.reason.startswith("arrivals stopped")
     assert verdict.decision.epoch_size * verdict.decision.k >= 36
-    assert verdict.fire == "efficient group"
+    assert verdict.fire == "drain" and "whole backlog (36 files)" in verdict.started.explanation
     # a backlog that is not a multiple of the epoch size drains too (no freshness wait)
     odd = adaptive.decide(spec, log, backlog_files=37, oldest_age_s=0.0, mtimes=[1.0] * 37)
-    assert odd.decision.epoch_size * odd.decision.k >= 37 and odd.fire == "efficient group"
+    assert odd.decision.epoch_size * odd.decision.k >= 37 and odd.fire == "drain"
 
 
 def test_objective_cost_waits_for_the_deadline_then_takes_the_whole_backlog(log):
@@ -115,3 +116,70 @@ def test_objective_cost_needs_adaptive_control():
 
     with pytest.raises(SpecError, match=r"objective: cost .* adaptive: true"):
         make_pipeline("adaptive_cost_fixed", **{"control.objective": "cost"})
+
+
+def test_why_a_group_started_is_recorded_with_it(log):
+    from sluice.execution import SensedPlan
+
+    spec = make_pipeline("adaptive_why", **{"control.epoch_files": 3, "control.group_epochs": 5,
+                                            "control.freshness_sla_s": 60})
+    waiting = adaptive.decide(spec, log, 14, 10.0, [1.0] * 14).started
+    assert waiting.rule is None and "14 of 15 files" in waiting.explanation
+    late = adaptive.decide(spec, log, 14, 60.0, [1.0] * 14).started
+    assert late.rule == "freshness" and late.oldest_age_s == 60.0 and "60 s freshness SLA" in late.explanation
+    verdict = adaptive.decide(spec, log, 15, 10.0, [1.0] * 15)
+    assert verdict.started.rule == "efficient group" and (verdict.started.backlog_files,
+                                                          verdict.started.group_files) == (15, 15)
+    # the sensor's plan reaches the group's record through the plan step's XCom
+    sensed = SensedPlan.fired(json.loads(json.dumps(verdict.plan())), None, {})
+    log.register_files(spec.name, [(f"/l/f{i}.json", 10, 100.0 + i) for i in range(15)])
+    group = log.plan_group(log.acquire_lease(spec.name, "run"), epoch_size=3, k=5,
+                           plan={**sensed.measured(), "reason": sensed.reason})
+    started = log.group_plans(spec.name)[group.group_id]["started"]
+    assert started == verdict.started.as_record()
+    assert started["explanation"] == "the backlog (15 files) filled the planned group (15 files)"
+
+
+def test_a_burst_that_ended_drains_without_waiting_for_the_sla(log):
+    spec = make_pipeline("adaptive_burst", **{"control.adaptive": True, "control.freshness_sla_s": 120,
+                                              "control.poll_interval_s": 5})
+    now = time.time()
+    arriving = [now - 1 - i for i in range(16)]  # a file a second, the last one a second ago
+    verdict = adaptive.decide(spec, log, 16, oldest_age_s=16.0, mtimes=arriving)
+    # nothing measured: 20 s of fixed cost makes 22 files the first stable group; 16 are not enough
+    assert verdict.decision.group_files == 22 and verdict.fire is None
+    assert not adaptive.arrivals_paused(spec, arriving, verdict.file_rate, now=now)
+    ended = [m - 15 for m in arriving]  # the same burst, over for 16 s (3 gaps, 2 polls: 10 s)
+    verdict = adaptive.decide(spec, log, 16, oldest_age_s=31.0, mtimes=ended)
+    assert verdict.file_rate > 0 and verdict.decision.reason.startswith("arrivals stopped")
+    assert verdict.fire == "drain" and verdict.decision.group_files >= 16
+
+
+def test_only_the_controllers_own_sizes_teach_slow_start():
+    from sluice.control.planner import adaptive_reason
+
+    assert adaptive_reason("efficient group: slow start (1/5 sizes)") and adaptive_reason("scheduled: stable")
+    for reason in ("efficient group: catch-up", "freshness: slow start (2/5 sizes)",
+                   "drain: arrivals stopped or paused: the whole backlog in one group",
+                   "freshness: deadline: the whole backlog in one group", "retry the unfinished epochs [3]"):
+        assert not adaptive_reason(reason), reason
+
+
+def test_the_cost_model_learns_from_the_records_read_not_the_guessed_rate(log):
+    """Before any epoch ran, the rate is a guess (one record per file); the first group's cost
+    samples must use the records its epochs read, or the next group's size is off by 1000x."""
+    spec = make_pipeline("adaptive_records", **{"control.adaptive": True})
+    log.register_files(spec.name, [(f"/l/f{i}.json", 10, 100.0 + i) for i in range(4)])
+    lease = log.acquire_lease(spec.name, "run")
+    group = log.plan_group(lease, epoch_size=2, k=2, plan={
+        "reason": "efficient group: slow start", "partitions": 2, "fired_at": 1_000.0,
+        "rate_rps": 1.0, "file_rate": 1.0})  # the guess: one record per file
+    for e in group.epochs:
+        log.mark_committed(lease, e, delta_versions={}, rows={"input": 3000}, timings={"epoch_s": 4.0})
+    adaptive.record_group(spec, log, log.finish_group(lease, group.group_id, protocol.PUBLISHED), now=1_030.0)
+    state = adaptive.load_state(spec, log)
+    assert state.epoch.epoch_cost() == (0.0, pytest.approx(4.0 / 3000))  # through the origin: one size seen
+    # at 1,500 records a file, 1 file/s: 1 - 2.0 s of work per file < 0, nothing is stable -> the budget;
+    # at 500 records a file: spare 1/3 s per file, F (26 s measured) + 2 s -> 84 files
+    assert state.epoch.start_size(1500.0, 1.0, 26.0, cap=200) == 200
+    assert state.epoch.start_size(500.0, 1.0, 26.0, cap=200) == 84

@@ -90,6 +90,47 @@ def test_slow_start_explores_five_sizes_then_uses_the_model():
     assert abs(decisions[-1].epoch_size - 23) <= 1 and decisions[-1].k == 1
 
 
+def unstable_groups(state: ControlState, rates: list[float], coordination_s: float) -> list[bool]:
+    """Drive groups (1 file/s) and say, per group, whether its wall outran its data span: the
+    backlog grew while it ran, so it and the groups after it miss the freshness they planned."""
+    flags, last = [], None
+    for gid, rate in enumerate(rates):
+        d = plan_next(state, Observation(rate, 1.0, 0, last))
+        times = tuple(epoch_time(d.epoch_size, d.partitions, rate) for _ in range(d.k))
+        flags.append(coordination_s + sum(times) > d.k * d.epoch_size)
+        last = GroupResult(gid, (d.epoch_size,) * d.k, times, coordination_s, d.partitions, rate, 1.0, d.reason)
+    return flags
+
+
+def test_the_first_group_is_sized_from_the_fixed_cost_not_from_a_small_guess():
+    state = ControlState.new(EpochSizeConfig(initial_files=4, partitions=(2,), initial_partitions=2),
+                             GroupSizeConfig(k0=1))
+    first = plan_next(state, Observation(1000.0, 1.0, 0))
+    # nothing measured: F is the 20 s prior, no per-record cost: x/f >= 20 + c (2 s)
+    assert (first.epoch_size, first.k) == (22, 1) and first.predicted_wall_s == 20.0
+    assert "from the fixed cost 20.0 s" in first.reason
+    # A group's fixed cost of 20 s against 4 files (the old start) made slow start double through
+    # four unstable groups (4, 8, 16, 32 files). Now the first group can only miss by its
+    # per-record work, which it measures: the second goes straight to a stable size, and the only
+    # unstable groups after it are slow start's probes below the smallest stable size.
+    flags = unstable_groups(state, [1000.0] * 12, coordination_s=20.0)
+    assert not flags[1] and sum(flags) <= 3 and not any(flags[5:])
+
+
+def test_a_new_rate_starts_at_the_stable_size_the_measured_costs_give():
+    state = ControlState.new(EpochSizeConfig(partitions=(2,), initial_partitions=2), GroupSizeConfig(k0=1))
+    drive(state, [800.0] * 12)
+    a, b = state.epoch.epoch_cost()
+    assert a > 0 and b > 0
+    d = plan_next(state, Observation(2400.0, 1.0, 0))  # three times the rate: a new rate bin
+    assert d.reason.startswith("slow start (0/5 sizes, from the fixed cost")
+    # the linear model fitted at 800 records/s predicts the true smallest stable size at 2400
+    xs = np.arange(1, 400)
+    true_stable = int(xs[xs >= F + 2.0 + np.array([epoch_time(int(x), 2, 2400.0) for x in xs])][0])
+    assert abs(d.epoch_size - true_stable) <= 1
+    assert abs(d.predicted_wall_s - (F + epoch_time(d.epoch_size, 2, 2400.0))) < 0.25 * d.predicted_wall_s
+
+
 def test_partition_hill_climb_reaches_the_best_partition_count():
     state = ControlState.new(EpochSizeConfig(partitions=(1, 2, 3, 4, 6, 8, 12, 16)), GroupSizeConfig(k0=1))
     decisions = drive(state, [1500.0] * 80)
@@ -171,3 +212,35 @@ def test_rejects_bad_config():
         EpochSizeConfig(partitions=(4, 2))
     with pytest.raises(ValueError):
         EpochSizeConfig(initial_partitions=5)
+
+
+def test_superlinear_work_under_a_burst_is_not_driven_into_ever_larger_epochs():
+    """Join-like work (time quadratic in the records): catch-up must pick the size that drains
+    fastest on the measured curve, not keep growing the epoch because larger amortises F."""
+
+    def join_time(files: int) -> float:
+        records = files * 1000.0
+        return 1.0 + 2e-4 * records + 4e-9 * records**2
+
+    state = ControlState.new(EpochSizeConfig(partitions=(2,), initial_partitions=2, max_epoch_records=2_000_000),
+                             GroupSizeConfig(k0=1))
+    last, catch_up = None, []
+    for gid in range(40):
+        d = plan_next(state, Observation(1000.0, 1.0, 10 if gid < 12 else 3000, last))  # then a burst
+        times = tuple(join_time(d.epoch_size) for _ in range(d.k))
+        last = GroupResult(gid, (d.epoch_size,) * d.k, times, F, d.partitions, 1000.0, 1.0, d.reason)
+        if d.reason == "catch-up":
+            catch_up.append((d.epoch_size, d.k, d.k * d.epoch_size / (F + sum(times))))
+    assert len(catch_up) >= 20
+    assert max(x for x, _, _ in catch_up) <= 4 * 22  # one probe at twice the largest size seen, no more
+    xs = np.arange(1, 2000)
+    for x, k, throughput in catch_up[-10:]:
+        best = float(np.max(k * xs / (F + k * join_time(xs))))  # the fastest drain at this k
+        assert throughput >= 0.9 * best, (x, k, throughput, best)
+
+
+def test_slow_start_drains_a_backlog_with_more_epochs_of_its_probe():
+    state = ControlState.new(EpochSizeConfig(partitions=(2,), initial_partitions=2), GroupSizeConfig(k0=8))
+    d = plan_next(state, Observation(1000.0, 1.0, backlog_files=100))
+    assert d.reason.startswith("slow start") and (d.epoch_size, d.k) == (22, 4)  # 100 // 22 epochs, k cap 8
+    assert plan_next(state, Observation(1000.0, 1.0, backlog_files=30)).k == 1

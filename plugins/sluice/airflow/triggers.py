@@ -11,6 +11,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import aclosing
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from airflow.triggers.base import BaseEventTrigger, BaseTrigger, TriggerEvent
@@ -87,7 +88,8 @@ def check_backlog(pipeline: str, store_url: str | None, min_files: int = 1, epoc
         # not while a run holds the lease (it is working on them).
         leftovers = [e.epoch_id for e in log.epochs(spec.name) if e.state in protocol.UNPUBLISHED]
         if leftovers and log.lease_holder(spec.name) is None:
-            plan = dict(verdict.plan(), reason=f"retry the unfinished epochs {leftovers}")
+            plan = dict(verdict.plan(), reason=f"retry the unfinished epochs {leftovers}",
+                        started=replace(verdict.started, rule="retry").as_record())
             return {"backlog": backlog.as_dict(), "plan": plan}
         return None
     finally:

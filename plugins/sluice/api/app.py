@@ -78,14 +78,20 @@ def epochs(dag_id: str) -> list[dict[str, Any]]:
         current = log.generation(name)
         source = source_for(spec, log)
 
+        plans = log.group_plans(name)
+
         def held(e: Epoch) -> list[ManifestEntry]:
             return [entries[p] for p in range(e.start, e.end) if p in entries]
 
         # ``files``: the manifest entries (files, or Kafka chunks); ``offsets``: what they hold in
-        # the source's terms (per-partition Kafka offsets).
+        # the source's terms (per-partition Kafka offsets); ``group_reason`` and ``started``: why
+        # the group that ran the epoch started when it did (``adaptive.StartReason``; None for a
+        # run the sensor did not start: manual, backfill, rollback).
         return [dict(e.as_record(), generation=e.written_generation, live_generation=e.generation,
                      live=e.generation == current and e.state != "rolled_back",
-                     files=[f.as_record() for f in held(e)], offsets=source.describe(held(e)))
+                     files=[f.as_record() for f in held(e)], offsets=source.describe(held(e)),
+                     group_reason=plans.get(e.group_id, {}).get("reason"),
+                     started=plans.get(e.group_id, {}).get("started"))
                 for e in history]
     finally:
         log.close()

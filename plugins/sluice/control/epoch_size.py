@@ -24,13 +24,27 @@ is the one with the lowest freshness (mean latency is about 1.5 spans at the sta
 size with the highest modelled throughput under the memory budget (for Reduce-like work the
 largest), then back to the stable size once the backlog is gone.
 
+Where slow start begins: not at an arbitrary small size. A group pays a fixed cost ``F``
+(Spark start or Connect session, warm-up, commit: tens of seconds for a JVM per group) that
+DyBBS's one-second batches never had, so a first group of a few files is unstable, the backlog
+grows while slow start doubles its way up, and every group of that climb misses the SLA. A new
+(rate bin, partitions) cell therefore starts at the smallest size the linear cost model calls
+stable, ``x/f >= F + c + a + x * b_f``: ``F`` the measured coordination (a prior before the
+first group), ``a + b * records`` an epoch's time fitted by least squares to the last epochs of
+every cell (``b`` alone, through the origin, while they all had one size), ``b_f = b`` times the
+records per file at this rate. Its prediction is also the planned wall time until the cell has
+samples of its own, so a freshness-forced start comes in time; and when a slow-start group turns
+out unstable, the next one goes to the size the costs it just measured call stable rather than
+only doubling.
+
 Gaps the paper leaves open and how they are filled (see notes §1.6): slow start doubles the
 group while unstable (the epoch size, or k when the per-file cost grows with size, a sign of
 superlinear work), then probes around the smallest stable size (bisecting towards the largest
 unstable one, else stepping additively); the search never goes beyond twice the largest size
 observed, above which the fit is extrapolated proportionally; the partition grid doubles
 (1, 2, 4, 8, 16) so the climb costs few slow starts; a new rate bin starts at the best partition
-count of the nearest learned bin, a new cell at the size last run in its bin; after 3
+count of the nearest learned bin, a new cell at the size last run in its bin (another partition
+count at the same rate) or else at the modelled stable size above; after 3
 consecutive groups over the margin at a learned point, the bin is relearned (conditions changed).
 """
 
@@ -43,16 +57,23 @@ from typing import Any
 import numpy as np
 from scipy.optimize import isotonic_regression
 
+#: Epochs the linear cost model is fitted to: a few groups' worth, so it follows changed conditions.
+COST_SAMPLES = 32
+
 
 @dataclass(frozen=True)
 class EpochSizeConfig:
-    """DyBBS used c = 50 ms on ~1 s batches; sluice groups last tens of seconds, hence c = 2 s."""
+    """DyBBS used c = 50 ms on ~1 s batches; sluice groups last tens of seconds, hence c = 2 s.
+    ``initial_files`` is a floor for the first size of a cell; ``initial_coordination_s`` the
+    fixed cost assumed until a group has measured one (a JVM per group: 20-25 s measured in
+    ``bench/results/cost.json``)."""
 
     margin_s: float = 2.0
     min_points: int = 5
     alpha: float = 0.3
     rate_bin_ratio: float = 0.15
     initial_files: int = 4
+    initial_coordination_s: float = 20.0
     max_epoch_records: int = 400_000
     partitions: tuple[int, ...] = (1, 2, 4, 8, 16)
     initial_partitions: int = 2
@@ -66,7 +87,8 @@ class EpochSizeConfig:
             raise ValueError(f"initial_partitions {self.initial_partitions} is not in {self.partitions}")
         if list(self.partitions) != sorted(set(self.partitions)) or self.partitions[0] < 1:
             raise ValueError(f"partitions must be increasing and >= 1 (got {self.partitions})")
-        if self.margin_s < 0 or self.min_points < 2 or not 0 < self.alpha <= 1 or self.rate_bin_ratio <= 0:
+        if (self.margin_s < 0 or self.min_points < 2 or not 0 < self.alpha <= 1 or self.rate_bin_ratio <= 0
+                or self.initial_coordination_s < 0):
             raise ValueError("bad epoch-size configuration")
 
 
@@ -155,6 +177,7 @@ class EpochSizeController:
         self.config = config or EpochSizeConfig()
         self.bins: dict[int, _Bin] = {}
         self.last_x = self.config.initial_files
+        self.cost_samples: list[tuple[float, float]] = []  # (records, seconds) of the last epochs, all cells
         self._fits: dict[tuple[int, int], tuple[tuple[int, int], tuple[np.ndarray, np.ndarray]]] = {}
 
     # -- helpers -----------------------------------------------------------------------------
@@ -171,16 +194,44 @@ class EpochSizeController:
             start = min(nb.local_opt, key=nb.local_opt.__getitem__)
         return _Bin(partitions=start)
 
-    def _new_cell(self, bs: _Bin) -> _Cell:
-        """Slow start begins at the size last run in this bin (at other partitions), else the last size run."""
-        return _Cell(slow_x=max(1, bs.last_x or self.last_x), slow_k=1)
+    def epoch_cost(self) -> tuple[float, float]:
+        """``(a, b)``: an epoch takes ``a + b * records`` seconds, fitted to the recent epochs of
+        every cell, both >= 0; ``(0, 0)`` before any ran."""
+        if not self.cost_samples:
+            return 0.0, 0.0
+        records, seconds = np.array(self.cost_samples, float).T
+        if np.ptp(records) > 0:
+            b, a = np.polyfit(records, seconds, 1)
+            if a >= 0 and b > 0:
+                return float(a), float(b)
+        return 0.0, float(seconds.sum() / max(records.sum(), 1.0))  # one size seen: through the origin
+
+    def epoch_seconds(self, x: int, rate_rps: float, file_rate: float) -> float:
+        """The linear model's time for an epoch of ``x`` files at this rate."""
+        a, b = self.epoch_cost()
+        return a + b * x * rate_rps / file_rate
+
+    def start_size(self, rate_rps: float, file_rate: float, coordination_s: float | None, cap: int) -> int:
+        """The smallest size the linear model calls stable, ``x/f >= F + c + a + x * b_f`` (k = 1),
+        at least ``initial_files``; the memory budget when per-record work alone outruns arrivals."""
+        fixed = self.config.initial_coordination_s if coordination_s is None else coordination_s
+        a, b = self.epoch_cost()
+        spare = 1.0 / file_rate - b * rate_rps / file_rate  # seconds of each file's span left over
+        if spare <= 0:
+            return cap
+        need = (fixed + self.config.margin_s + a) / spare
+        return max(1, min(cap, max(self.config.initial_files, math.ceil(need))))
+
+    def _new_cell(self, bs: _Bin, start_x: int) -> _Cell:
+        """Slow start begins at the size last run in this bin (at other partitions), else at ``start_x``."""
+        return _Cell(slow_x=max(1, bs.last_x or start_x), slow_k=1)
 
     def _bin(self, b: int) -> _Bin:
         return self.bins.setdefault(b, self._new_bin(b))
 
-    def _cell(self, bs: _Bin, partitions: int) -> _Cell:
+    def _cell(self, bs: _Bin, partitions: int, start_x: int) -> _Cell:
         if partitions not in bs.cells:
-            bs.cells[partitions] = self._new_cell(bs)
+            bs.cells[partitions] = self._new_cell(bs, start_x)
         return bs.cells[partitions]
 
     def _fit(self, b: int, partitions: int, cell: _Cell) -> tuple[np.ndarray, np.ndarray]:
@@ -215,37 +266,50 @@ class EpochSizeController:
         return EpochPlan(int(xs[i]), int(ks[i]), P, reason, float(coord + ks[i] * predict(fit, xs[i])))
 
     # -- API ---------------------------------------------------------------------------------
-    def propose(self, rate_rps: float, file_rate: float, coordination_s: float, k_cap: int,
+    def propose(self, rate_rps: float, file_rate: float, coordination_s: float | None, k_cap: int,
                 backlog_files: int) -> EpochPlan:
-        """The next group's epoch size, k (<= k_cap) and partitions; does not change state."""
+        """The next group's epoch size, k (<= k_cap) and partitions; does not change state.
+        ``coordination_s``: the measured fixed cost per group, ``None`` before the first group."""
         if rate_rps <= 0 or file_rate <= 0:
             return EpochPlan(self.last_x, 1, self.config.initial_partitions, "idle: no arrivals measured", 0.0)
         b = rate_bin(rate_rps, self.config.rate_bin_ratio)
         bs = self.bins.get(b) or self._new_bin(b)
-        cell = bs.cells.get(bs.partitions) or self._new_cell(bs)
         cap = self.max_files(rate_rps, file_rate)
+        cell = bs.cells.get(bs.partitions) or self._new_cell(bs, self.start_size(rate_rps, file_rate,
+                                                                                 coordination_s, cap))
+        fixed = self.config.initial_coordination_s if coordination_s is None else coordination_s
         if self._learning(cell):
-            x, k = min(cell.slow_x, cap), min(cell.slow_k, k_cap)
+            # the probe is the epoch size; a backlog beyond one group is drained with more epochs
+            # of it under the same fixed cost, rather than left to age behind a group of one
+            x = min(cell.slow_x, cap)
+            k = min(max(cell.slow_k, backlog_files // x), max(k_cap, cell.slow_k))
             seen = cell.points.get(x)
-            wall = coordination_s + k * (seen[0] if seen else 0.0)
-            return EpochPlan(x, k, bs.partitions, f"slow start ({len(cell.points)}/{self.config.min_points} sizes)",
-                             wall)
-        return self._model_plan(b, bs, cell, file_rate, coordination_s, k_cap, cap, backlog_files)
+            per_epoch = seen[0] if seen else self.epoch_seconds(x, rate_rps, file_rate)
+            start = "" if cell.points else f", from the fixed cost {fixed:.1f} s"
+            return EpochPlan(x, k, bs.partitions,
+                             f"slow start ({len(cell.points)}/{self.config.min_points} sizes{start})",
+                             fixed + k * per_epoch)
+        return self._model_plan(b, bs, cell, file_rate, fixed, k_cap, cap, backlog_files)
 
     def record(self, *, rate_rps: float, file_rate: float, partitions: int, epoch_files: list[int],
                epoch_s: list[float], coordination_s: float, coordination_ewma_s: float, k_cap: int,
-               adaptive: bool = True) -> str:
+               adaptive: bool = True, epoch_records: list[int] | None = None) -> str:
         """Fold in a finished group; ``adaptive=False`` (catch-up or freshness-forced groups) only
-        adds samples. Returns what the controller did, for the log."""
+        adds samples. ``epoch_records``: the records each epoch read (else estimated from the
+        rate, which before the first group is a guess). Returns what the controller did, for the log."""
         cfg = self.config
         if rate_rps <= 0 or not epoch_files:
             return "ignored: no rate"
         b = rate_bin(rate_rps, cfg.rate_bin_ratio)
         bs = self._bin(b)
-        cell = self._cell(bs, partitions)
+        cap = self.max_files(rate_rps, file_rate)
+        cell = self._cell(bs, partitions, self.start_size(rate_rps, file_rate, coordination_ewma_s, cap))
         learning_before = self._learning(cell)
-        for x, s in zip(epoch_files, epoch_s, strict=True):
+        records = epoch_records or [x * rate_rps / file_rate for x in epoch_files]
+        for x, s, n in zip(epoch_files, epoch_s, records, strict=True):
             cell.add(int(x), float(s), cfg.alpha)
+            self.cost_samples.append((float(n), float(s)))
+        del self.cost_samples[:-COST_SAMPLES]
         full = [x for x in epoch_files if x == epoch_files[0]]
         x, k = int(epoch_files[0]), len(full)
         self.last_x = bs.last_x = x
@@ -254,9 +318,10 @@ class EpochSizeController:
         span = sum(epoch_files) / file_rate
         wall = coordination_s + sum(epoch_s)
         stable = wall <= span  # for slow start; a learned point is only "unstable" beyond the margin
-        cap = self.max_files(rate_rps, file_rate)
         if learning_before:
-            return self._slow_start_step(cell, x, k, stable, cap, k_cap)
+            model_x = self.start_size(rate_rps, file_rate, coordination_ewma_s, cap)  # with this group's costs
+            # k beyond the probe's own was drained backlog, not a probe of k
+            return self._slow_start_step(cell, x, min(k, max(cell.slow_k, 1)), stable, cap, k_cap, model_x)
         bs.unstable = 0 if wall <= span + cfg.margin_s else bs.unstable + 1
         if bs.unstable >= cfg.unstable_limit:  # operating conditions changed: relearn this bin
             bs.unstable, bs.settled = 0, False
@@ -285,9 +350,11 @@ class EpochSizeController:
         bs.partitions, bs.settled = best_p, True
         return f"settled at {best_p} partitions"
 
-    def _slow_start_step(self, cell: _Cell, x: int, k: int, stable: bool, cap: int, k_cap: int) -> str:
-        """TCP-like: double the group until it is stable, then probe sizes around the smallest
-        stable one (bisecting towards the largest unstable one, else stepping additively)."""
+    def _slow_start_step(self, cell: _Cell, x: int, k: int, stable: bool, cap: int, k_cap: int,
+                         model_x: int) -> str:
+        """TCP-like: grow the group until it is stable (to ``model_x``, the size the costs just
+        measured call stable, when that is larger; else double), then probe sizes around the
+        smallest stable one (bisecting towards the largest unstable one, else stepping additively)."""
         if stable:
             cell.stable_min = x if not cell.stable_min else min(cell.stable_min, x)
         else:
@@ -301,6 +368,9 @@ class EpochSizeController:
             if (superlinear or x >= cap) and k < k_cap:
                 cell.slow_x, cell.slow_k = x, min(k_cap, 2 * k)
                 return "slow start: unstable, doubling k"
+            if model_x > x and not superlinear:
+                cell.slow_x, cell.slow_k = model_x, k
+                return "slow start: unstable, to the size the measured costs call stable"
             cell.slow_x, cell.slow_k = min(cap, 2 * x), k
             return "slow start: unstable, doubling the epoch size"
         if not cell.slow_step:
@@ -329,6 +399,7 @@ class EpochSizeController:
         return {
             "config": cfg,
             "last_x": self.last_x,
+            "cost_samples": [list(sample) for sample in self.cost_samples],
             "bins": {
                 str(b): {
                     "partitions": s.partitions, "settled": s.settled, "unstable": s.unstable, "last_x": s.last_x,
@@ -348,6 +419,8 @@ class EpochSizeController:
         cfg["partitions"] = tuple(cfg["partitions"])
         ctl = cls(EpochSizeConfig(**cfg))
         ctl.last_x = int(data["last_x"])
+        # absent in state saved by older versions: the cost model starts empty, as for a new pipeline
+        ctl.cost_samples = [(float(r), float(t)) for r, t in data.get("cost_samples", [])]
         for b, s in data["bins"].items():
             bs = _Bin(partitions=int(s["partitions"]), settled=bool(s["settled"]), unstable=int(s["unstable"]),
                       last_x=int(s["last_x"]),

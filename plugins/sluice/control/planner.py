@@ -17,7 +17,14 @@ from sluice.control.epoch_size import EpochSizeConfig, EpochSizeController
 from sluice.control.group_size import GroupSizeConfig, GroupSizeController
 
 #: Decision reasons whose groups must not move the learning state (their size was not a probe).
-NON_ADAPTIVE = ("catch-up", "overload", "freshness", "idle")
+NON_ADAPTIVE = ("catch-up", "overload", "freshness", "idle", "drain", "arrivals stopped", "deadline", "fixed sizes",
+                "retry")
+
+
+def adaptive_reason(reason: str) -> bool:
+    """Whether a group's size was the controllers' own probe or stable point. A sensed group's
+    reason is ``"<firing rule>: <decision reason>"``; neither part may be a non-adaptive one."""
+    return not any(part.strip().startswith(NON_ADAPTIVE) for part in reason.split(": "))
 
 
 @dataclass(frozen=True)
@@ -33,6 +40,7 @@ class GroupResult:
     rate_rps: float
     file_rate: float
     reason: str = ""
+    epoch_records: tuple[int, ...] = ()  # input records per epoch; () = unknown, estimated from the rate
 
     @property
     def wall_s(self) -> float:
@@ -86,10 +94,11 @@ class ControlState:
         if len(result.epoch_files) != len(result.epoch_s) or not result.epoch_files:
             raise ValueError(f"group {result.group_id}: need one time per epoch")
         self.group.observe(result.coordination_s, result.wall_s, len(result.epoch_files))
-        adaptive = not result.reason.startswith(NON_ADAPTIVE)
+        adaptive = adaptive_reason(result.reason)
         note = self.epoch.record(
             rate_rps=result.rate_rps, file_rate=result.file_rate, partitions=result.partitions,
             epoch_files=list(result.epoch_files), epoch_s=list(result.epoch_s),
+            epoch_records=list(result.epoch_records) or None,
             coordination_s=result.coordination_s, coordination_ewma_s=self.group.coordination_s or 0.0,
             k_cap=self.group.k, adaptive=adaptive)
         self.last_group_id = result.group_id
@@ -112,7 +121,7 @@ def plan_next(state: ControlState, observation: Observation) -> Decision:
     """Fold in the last group (if new) and plan the next one."""
     if observation.last_group is not None:
         state.record(observation.last_group)
-    plan = state.epoch.propose(observation.rate_rps, observation.file_rate, state.group.coordination_s or 0.0,
+    plan = state.epoch.propose(observation.rate_rps, observation.file_rate, state.group.coordination_s,
                                state.group.k, observation.backlog_files)
     return Decision(plan.epoch_size, plan.k, plan.partitions, plan.reason, plan.predicted_wall_s)
 

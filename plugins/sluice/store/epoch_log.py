@@ -533,6 +533,12 @@ class EpochLog:
         return Group(pipeline, group_id, g.owner, g.fence, g.state,
                      tuple(Epoch.of(r) for r in latest.values()), dict(g.plan or {}), reprocessing)
 
+    def group_plans(self, pipeline: str) -> dict[int, dict[str, Any]]:
+        """Each group's plan (sizes, reason, why it started) by group id, in one query."""
+        with self._tx() as s:
+            rows = s.execute(select(GroupRow.group_id, GroupRow.plan).where(GroupRow.pipeline == pipeline))
+            return {group_id: dict(plan or {}) for group_id, plan in rows}
+
     def groups(self, pipeline: str) -> list[Group]:
         with self._tx() as s:
             ids = s.scalars(select(GroupRow.group_id).where(GroupRow.pipeline == pipeline).order_by(GroupRow.group_id))
