@@ -164,8 +164,10 @@ def decide(spec: PipelineSpec, epoch_log: EpochLog, backlog_files: int, oldest_a
     decision = plan_next(state, Observation(rate_rps, file_rate, backlog_files))
     fire: str | None = None
     if not spec.control.adaptive:
+        # the controllers' prior fixed cost sizes adaptive groups; fixed sizes predict from measurements only
+        wall = decision.predicted_wall_s if state.group.coordination_s is not None else 0.0
         decision = Decision(spec.control.epoch_files, spec.control.group_epochs, decision.partitions,
-                            "fixed sizes (control.adaptive: false)", decision.predicted_wall_s)
+                            "fixed sizes (control.adaptive: false)", wall)
         fire = fire_reason(decision, backlog_files, oldest_age_s or 0.0, spec.control.freshness_sla_s)
     elif spec.control.objective == "cost":
         decision, fire = deadline_plan(

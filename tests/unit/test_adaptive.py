@@ -183,3 +183,12 @@ def test_the_cost_model_learns_from_the_records_read_not_the_guessed_rate(log):
     # at 500 records a file: spare 1/3 s per file, F (26 s measured) + 2 s -> 84 files
     assert state.epoch.start_size(1500.0, 1.0, 26.0, cap=200) == 200
     assert state.epoch.start_size(500.0, 1.0, 26.0, cap=200) == 84
+
+
+def test_fixed_sizes_predict_no_wall_before_a_group_was_measured(log):
+    """The controllers' 20 s prior sizes adaptive groups; under fixed sizes it must not make a
+    short SLA fire at once (the group's wall is only predicted from what was measured)."""
+    fixed = make_pipeline("adaptive_fixed_wall", **{"control.epoch_files": 2, "control.group_epochs": 2,
+                                                    "control.freshness_sla_s": 5})
+    verdict = adaptive.decide(fixed, log, 1, 0.0, [time.time()])
+    assert verdict.decision.predicted_wall_s == 0.0 and verdict.fire is None
