@@ -211,10 +211,14 @@ class EpochSizeController:
         a, b = self.epoch_cost()
         return a + b * x * rate_rps / file_rate
 
+    def fixed_cost(self, coordination_s: float | None) -> float:
+        """A group's fixed cost: the measured coordination, or the prior before any group."""
+        return self.config.initial_coordination_s if coordination_s is None else coordination_s
+
     def start_size(self, rate_rps: float, file_rate: float, coordination_s: float | None, cap: int) -> int:
         """The smallest size the linear model calls stable, ``x/f >= F + c + a + x * b_f`` (k = 1),
         at least ``initial_files``; the memory budget when per-record work alone outruns arrivals."""
-        fixed = self.config.initial_coordination_s if coordination_s is None else coordination_s
+        fixed = self.fixed_cost(coordination_s)
         a, b = self.epoch_cost()
         spare = 1.0 / file_rate - b * rate_rps / file_rate  # seconds of each file's span left over
         if spare <= 0:
@@ -277,7 +281,7 @@ class EpochSizeController:
         cap = self.max_files(rate_rps, file_rate)
         cell = bs.cells.get(bs.partitions) or self._new_cell(bs, self.start_size(rate_rps, file_rate,
                                                                                  coordination_s, cap))
-        fixed = self.config.initial_coordination_s if coordination_s is None else coordination_s
+        fixed = self.fixed_cost(coordination_s)
         if self._learning(cell):
             # the probe is the epoch size; a backlog beyond one group is drained with more epochs
             # of it under the same fixed cost, rather than left to age behind a group of one
