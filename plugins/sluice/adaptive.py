@@ -6,6 +6,7 @@ survives restarts of the scheduler, the triggerer and the workers.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import math
 import time
@@ -17,7 +18,7 @@ from sluice import protocol
 from sluice.control import ControlState, Decision, GroupResult, Observation, fire_reason, plan_next
 from sluice.control.epoch_size import EpochSizeConfig
 from sluice.control.group_size import GroupSizeConfig
-from sluice.control.planner import deadline_plan
+from sluice.control.planner import MemorySample, deadline_plan
 from sluice.spec import PipelineSpec
 from sluice.store import Epoch, EpochLog, Group
 
@@ -170,9 +171,10 @@ def decide(spec: PipelineSpec, epoch_log: EpochLog, backlog_files: int, oldest_a
                             "fixed sizes (control.adaptive: false)", wall)
         fire = fire_reason(decision, backlog_files, oldest_age_s or 0.0, spec.control.freshness_sla_s)
     elif spec.control.objective == "cost":
+        largest = max_epoch_files(spec, epoch_log, state)
         decision, fire = deadline_plan(
-            backlog_files, oldest_age_s or 0.0, spec.control.freshness_sla_s,
-            max_epoch_files=max_epoch_files(spec, epoch_log, state), max_k=spec.control.max_group_epochs,
+            backlog_files, oldest_age_s or 0.0, spec.control.freshness_sla_s, max_epoch_files=largest,
+            max_k=min(spec.control.max_group_epochs, state.epoch.epochs_in_memory(largest, largest)),
             partitions=decision.partitions, coordination_s=state.group.coordination_s,
             seconds_per_file=seconds_per_file(spec, epoch_log),
             lead_s=spec.control.poll_interval_s + state.epoch.config.margin_s)
@@ -192,15 +194,17 @@ def max_epoch_files(spec: PipelineSpec, epoch_log: EpochLog, state: ControlState
     """The largest epoch the memory budget allows, in files at the recent records per file
     (the spec's ``epoch_files`` until a file has been measured)."""
     per_file = records_per_file(spec, epoch_log)
-    return max(1, int(state.epoch.config.max_epoch_records / per_file)) if per_file else spec.control.epoch_files
+    return max(1, int(state.epoch.max_records() / per_file)) if per_file else spec.control.epoch_files
 
 
 def drain_decision(spec: PipelineSpec, epoch_log: EpochLog, state: ControlState, backlog_files: int,
                    idle: Decision) -> Decision:
     """Nothing arrives any more (or arrivals paused) but a backlog waits: one group for all of
     it, in epochs as large as the memory budget allows (no arrival rate to size them against)."""
-    epoch_size = min(backlog_files, max_epoch_files(spec, epoch_log, state))
-    k = min(math.ceil(backlog_files / epoch_size), spec.control.max_group_epochs)
+    largest = max_epoch_files(spec, epoch_log, state)
+    epoch_size = min(backlog_files, largest)
+    k = min(math.ceil(backlog_files / epoch_size), spec.control.max_group_epochs,
+            state.epoch.epochs_in_memory(epoch_size, largest))
     return Decision(epoch_size, k, idle.partitions, "arrivals stopped or paused: the whole backlog in one group",
                     idle.predicted_wall_s)
 
@@ -223,7 +227,8 @@ def record_group(spec: PipelineSpec, epoch_log: EpochLog, group: Group, now: flo
                          partitions=int(plan.get("partitions") or state.epoch.config.initial_partitions),
                          rate_rps=float(plan["rate_rps"]), file_rate=float(plan["file_rate"]),
                          reason=str(plan.get("reason", "")),
-                         epoch_records=tuple(int(n) for n in records) if None not in records else ())
+                         epoch_records=tuple(int(n) for n in records) if None not in records else (),
+                         memory=memory_samples(epochs))
     note = state.record(result)
     # Keep what else the store holds for the pipeline (the concurrency controller's state).
     epoch_log.save_control_state(spec.name, {**(epoch_log.control_state(spec.name) or {}), **state.to_dict()})
@@ -233,6 +238,22 @@ def record_group(spec: PipelineSpec, epoch_log: EpochLog, group: Group, now: flo
 
 
 # -- concurrent epochs (A-scheduler) -------------------------------------------------------------
+
+
+def memory_samples(epochs: list[Epoch]) -> tuple[MemorySample, ...]:
+    """The memory readings a group's epochs recorded (``memory_peak_mb`` in their timings): one
+    per epoch, or one for the whole group when its epochs were read and committed together."""
+    samples: list[MemorySample] = []
+    for commit, members in itertools.groupby(epochs, key=lambda e: tuple(e.rows.get("commit") or (e.epoch_id,))):
+        members = list(members)
+        timings = members[-1].timings
+        if "memory_peak_mb" not in timings:
+            continue
+        samples.append(MemorySample(
+            sum(int(e.rows.get("input") or 0) for e in members), float(timings["memory_peak_mb"]),
+            float(timings.get("memory_spilled_mb", 0.0)), float(timings.get("memory_budget_mb", 0.0)),
+            "group" if len(commit) > 1 else "epoch"))
+    return tuple(samples)
 
 
 def _concurrency_controller(spec: PipelineSpec, epoch_log: EpochLog) -> Any:

@@ -23,7 +23,7 @@ from sluice.errors import FencedError, PipelineHaltedError, SharedTableError, Sl
 from sluice.paths import transforms_dir
 from sluice.sinks.delta import DeltaSink, EpochRange, SinkCommit, describe, rejected_sink
 from sluice.sources import source_for
-from sluice.spark import is_connect
+from sluice.spark import MemoryProbe, is_connect
 from sluice.spec import PipelineSpec, SinkSpec
 from sluice.store import Epoch, EpochLog, Group, Lease
 
@@ -206,6 +206,7 @@ class GroupRunner:
         self.transform = load_transform(spec.transform)
         self.suites = {s.name: validation.load_suite(s.expectations) for s in spec.sinks if s.expectations}
         self._refs: dict[str, DataFrame] | None = None
+        self.memory = MemoryProbe(spark, spec.name)  # per group (or epoch): the controllers' memory budget
 
     @property
     def refs(self) -> dict[str, DataFrame]:
@@ -317,6 +318,7 @@ class GroupRunner:
 
         t0 = time.monotonic()
         timings: dict[str, float] = {}
+        self.memory.start()
         records = self.source.read_epochs(self.spark, [epoch_range(e) for e in epochs]).persist()
         prepared = PreparedGroup(list(epochs), t0, timings, cached=[records])
         try:
@@ -431,6 +433,7 @@ class GroupRunner:
                     commits.append(table.write(self.spark, frame, epochs=ranges, generation=generation, token=token,
                                                skip_empty=True, rows=rows))
                     timings[f"write_{table.spec.name}_s"] = round(time.monotonic() - t_sink, 3)
+            record_memory(timings, self.memory)  # before the release: the group's cache counts
         finally:
             prepared.release()
         if epochs:
@@ -594,6 +597,8 @@ class GroupRunner:
 
         timings: dict[str, float] = {}
         t0 = time.monotonic()
+        if not materialize:  # concurrent epochs' jobs run in pool threads: not measured
+            self.memory.start()
         records = self.source.read(self.spark, epoch.start, epoch.end).persist()
         prepared = PreparedEpoch(epoch, t0, timings, cached=[records])
         try:
@@ -660,6 +665,7 @@ class GroupRunner:
                                           generation=epoch.generation, token=lease.fence,
                                           skip_empty=skip_empty, rows=rows))
                 timings[f"write_{sink.spec.name}_s"] = round(time.monotonic() - t_sink, 3)
+            record_memory(timings, self.memory)  # before the release: the epoch's cache counts
         finally:
             prepared.release()
         faults.maybe_fail("after_delta_commit", epoch.epoch_id)
@@ -827,3 +833,9 @@ def quarantine_rows(bad: DataFrame, spec: PipelineSpec, sink: str, epoch: Epoch)
         F.to_json(F.struct(*[F.col(f"`{c}`") for c in columns]), {"ignoreNullFields": "false"}).alias("record"))
 
 
+def record_memory(timings: dict[str, float], memory: MemoryProbe) -> None:
+    """Add what the group (or epoch) held in Spark's memory since ``memory.start`` to its timings."""
+    reading = memory.read()
+    if reading is not None:
+        timings.update(memory_peak_mb=reading.peak_mb, memory_spilled_mb=reading.spilled_mb,
+                       memory_budget_mb=reading.budget_mb)

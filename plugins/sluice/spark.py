@@ -21,8 +21,9 @@ import shutil
 import subprocess
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from sluice.paths import JOBS_DIR, jars_dir, transforms_dir
 
@@ -202,6 +203,66 @@ def is_connect(spark: SparkSession) -> bool:
     """True for a Spark Connect client session: no JVM here (no ``_jvm``, ``sparkContext``),
     and no Delta Connect plugin on the server, so Delta is driven through SQL."""
     return type(spark).__module__.startswith("pyspark.sql.connect")
+
+
+@dataclass(frozen=True)
+class MemoryReading:
+    """What a group (or epoch) held in Spark's unified memory, in MB: its stages' peak execution
+    memory (hash maps, sort buffers; the largest stage, its tasks summed) plus what it cached,
+    what spilled to disk, and the unified memory of the executors (the budget both share)."""
+
+    peak_mb: float
+    spilled_mb: float
+    budget_mb: float
+
+
+class MemoryProbe:
+    """Spark's own accounting of the memory a group's jobs used, read from the driver's status
+    store: ``start`` tags this thread's jobs with a job group, ``read`` sums them up. Classic
+    Spark only (local or a cluster: executors report their tasks' metrics to the driver); under
+    Spark Connect the store is the server's, and nothing is measured."""
+
+    def __init__(self, spark: SparkSession, name: str) -> None:
+        self._sc = None if is_connect(spark) else getattr(spark, "sparkContext", None)
+        self._name = name
+        self._tag: str | None = None
+        self._count = 0
+
+    def start(self) -> None:
+        if self._sc is None:
+            return
+        self._count += 1
+        self._tag = f"sluice-{self._name}-{os.getpid()}-{self._count}"
+        self._sc.setJobGroup(self._tag, f"sluice {self._name}: memory of one group")
+
+    def read(self) -> MemoryReading | None:
+        """The tagged jobs' memory, or ``None`` when nothing is measured; ends the tagging."""
+        if self._sc is None or self._tag is None:
+            return None
+        sc, tag, self._tag = self._sc, self._tag, None
+        try:
+            sc.setLocalProperty("spark.jobGroup.id", None)
+            tracker, store = sc.statusTracker(), sc._jsc.sc().statusStore()
+            stages = {s for job in tracker.getJobIdsForGroup(tag) if (info := tracker.getJobInfo(job))
+                      for s in info.stageIds}
+            peak = spilled = 0
+            for stage in stages:
+                data = store.stageAttempt(stage, 0, False, None, False, None)._1()
+                peak = max(peak, data.peakExecutionMemory())
+                spilled += data.memoryBytesSpilled()
+            cached = sum(info.memSize() for info in sc._jsc.sc().getRDDStorageInfo())
+            budget = sum(v._1() for v in _scala_map_values(sc._jsc.sc().getExecutorMemoryStatus()))
+        except Exception as exc:  # a metric Spark did not keep (retention): measure nothing, never fail
+            log.debug("no memory reading for %s: %s", tag, exc)
+            return None
+        return MemoryReading(round((peak + cached) / 2**20, 1), round(spilled / 2**20, 1), round(budget / 2**20, 1))
+
+
+def _scala_map_values(scala_map: Any) -> list[Any]:
+    values, it = [], scala_map.valuesIterator()
+    while it.hasNext():
+        values.append(it.next())
+    return values
 
 
 def start_connect_server(log_path: Path, master: str = "local[2]", port: int | None = None,

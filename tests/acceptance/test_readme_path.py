@@ -194,9 +194,14 @@ def test_quickstart_unpause_generate_equals_oracle(spark, user):
     user.make("generate", "RATE=1000", "DURATION=16", "SEED=3")
     wait_for_oracle(spark, user, "after make generate")
     assert user.unhealthy_since is None and user.health_samples > 0
-    # docs/operating.md "Why a group started": the sensor's rule and the figures it compared
-    published = [e for e in user.epochs() if e["state"] == "published"]
-    assert published and all(e["started"] and e["started"]["explanation"] for e in published), published
+    # docs/operating.md "Why a group started": the sensor's rule and the figures it compared. The
+    # oracle holds once the group's Delta commit lands; its checkpoint task publishes the epochs after
+    def all_published() -> list[dict[str, Any]]:
+        epochs = [e for e in user.epochs() if e["state"] != "rolled_back"]
+        return epochs if epochs and all(e["state"] == "published" for e in epochs) else []
+
+    published = user.wait(all_published, 120, "the checkpoint to publish the group's epochs")
+    assert all(e["started"] and e["started"]["explanation"] for e in published), published
     for why in (e["started"] for e in published):
         if why["rule"] == "efficient group":
             assert why["backlog_files"] >= why["group_files"], why

@@ -12,6 +12,7 @@ from sluice.control import (
     ControlState,
     Decision,
     EpochSizeConfig,
+    EpochSizeController,
     GroupResult,
     GroupSizeConfig,
     Observation,
@@ -244,3 +245,45 @@ def test_slow_start_drains_a_backlog_with_more_epochs_of_its_probe():
     d = plan_next(state, Observation(1000.0, 1.0, backlog_files=100))
     assert d.reason.startswith("slow start") and (d.epoch_size, d.k) == (22, 4)  # 100 // 22 epochs, k cap 8
     assert plan_next(state, Observation(1000.0, 1.0, backlog_files=30)).k == 1
+
+
+def test_measured_memory_bounds_the_epoch_below_the_constant_ceiling():
+    """Peak = 100 MB + 2 MB per 1,000 records against 1,000 MB of unified memory at a 0.5 share:
+    (500 - 100) / 0.002 = 200,000 records, below the 400,000 ceiling."""
+    ctl = EpochSizeController(EpochSizeConfig(max_epoch_records=400_000, memory_fraction=0.5))
+    assert ctl.memory_limit_records() is None and ctl.max_records() == 400_000
+    for records in (10_000, 50_000, 100_000):
+        ctl.record_memory(records, 100 + 2 * records / 1000, 0.0, 1000.0, "epoch")
+    assert ctl.memory_limit_records() == pytest.approx(200_000, abs=1)
+    assert ctl.max_files(rate_rps=1000.0, file_rate=1.0) in (199, 200)  # 1,000 records a file
+    # round trip through the store's JSON, and state saved before memory was measured
+    again = EpochSizeController.from_dict(json.loads(json.dumps(ctl.to_dict())))
+    assert again.memory_limit_records() == ctl.memory_limit_records()
+    old = ctl.to_dict()
+    del old["memory"]
+    assert EpochSizeController.from_dict(old).max_records() == 400_000
+
+
+def test_memory_that_does_not_grow_with_records_or_a_noisy_fit_does_not_shrink_epochs():
+    ctl = EpochSizeController(EpochSizeConfig(memory_fraction=0.5))
+    for records, peak in ((1_000, 300.0), (2_000, 250.0), (3_000, 280.0)):
+        ctl.record_memory(records, peak, 0.0, 1000.0, "epoch")
+    assert ctl.memory_limit_records() is None  # falls with records: nothing learned
+    noisy = EpochSizeController(EpochSizeConfig(memory_fraction=0.5))
+    for records, peak in ((100, 50.0), (200, 450.0), (300, 480.0)):  # steep, but every read fit
+        noisy.record_memory(records, peak, 0.0, 1000.0, "epoch")
+    assert noisy.memory_limit_records() == 300  # never below the largest read that stayed within
+
+
+def test_a_read_that_spilled_counts_as_the_whole_budget_and_a_group_shares_it():
+    ctl = EpochSizeController(EpochSizeConfig(memory_fraction=0.5))
+    for records in (20_000, 40_000):
+        ctl.record_memory(records, 100 + records / 1000, 0.0, 1000.0, "group")
+    ctl.record_memory(60_000, 300.0, 50.0, 1000.0, "group")  # spilled: it needed more than it had
+    limit = ctl.memory_limit_records()
+    assert limit is not None and 40_000 <= limit < 60_000
+    # one commit per group reads its epochs together: k * x stays within the bound
+    files = ctl.max_files(1000.0, 1.0)
+    assert files == limit // 1000
+    plan = ctl.propose(1000.0, 1.0, 10.0, k_cap=8, backlog_files=10 * files)
+    assert plan.k * plan.epoch_size <= files, plan

@@ -66,7 +66,9 @@ class EpochSizeConfig:
     """DyBBS used c = 50 ms on ~1 s batches; sluice groups last tens of seconds, hence c = 2 s.
     ``initial_files`` is a floor for the first size of a cell; ``initial_coordination_s`` the
     fixed cost assumed until a group has measured one (a JVM per group: 20-25 s measured in
-    ``bench/results/cost.json``)."""
+    ``bench/results/cost.json``). ``max_epoch_records`` is the ceiling before memory is measured;
+    then what a read may hold is ``memory_fraction`` of Spark's unified memory (see
+    ``memory_limit_records``)."""
 
     margin_s: float = 2.0
     min_points: int = 5
@@ -75,6 +77,7 @@ class EpochSizeConfig:
     initial_files: int = 4
     initial_coordination_s: float = 20.0
     max_epoch_records: int = 400_000
+    memory_fraction: float = 0.5
     partitions: tuple[int, ...] = (1, 2, 4, 8, 16)
     initial_partitions: int = 2
     catchup_factor: float = 2.0
@@ -178,13 +181,58 @@ class EpochSizeController:
         self.bins: dict[int, _Bin] = {}
         self.last_x = self.config.initial_files
         self.cost_samples: list[tuple[float, float]] = []  # (records, seconds) of the last epochs, all cells
+        self.memory_samples: list[tuple[float, float]] = []  # (records read together, peak MB held)
+        self.memory_budget_mb: float | None = None  # Spark's unified memory, as last measured
+        self.memory_unit = "epoch"  # what one read holds: an "epoch", or a "group" (one commit per group)
         self._fits: dict[tuple[int, int], tuple[tuple[int, int], tuple[np.ndarray, np.ndarray]]] = {}
 
     # -- helpers -----------------------------------------------------------------------------
+    def max_records(self) -> int:
+        """The most records one read may hold: ``max_epoch_records``, or less where measured memory says so."""
+        limit = self.memory_limit_records()
+        return self.config.max_epoch_records if limit is None else min(self.config.max_epoch_records, limit)
+
     def max_files(self, rate_rps: float, file_rate: float) -> int:
         """The memory budget per epoch, in files at the current records per file."""
         per_file = max(rate_rps / file_rate, 1e-9)
-        return max(1, min(100_000, int(self.config.max_epoch_records // per_file)))
+        return max(1, min(100_000, int(self.max_records() // per_file)))
+
+    def epochs_in_memory(self, epoch_size: int, max_files: int) -> int:
+        """How many epochs of ``epoch_size`` files one group may hold: unbounded, unless the
+        group's epochs are read together (one commit per group) and measured memory, not the
+        constant ceiling, bounds a read; then the group shares that bound (``max_files``)."""
+        limit = self.memory_limit_records()
+        if self.memory_unit != "group" or limit is None or limit >= self.config.max_epoch_records:
+            return 1 << 30
+        return max(1, max_files // max(1, epoch_size))
+
+    def record_memory(self, records: float, peak_mb: float, spilled_mb: float, budget_mb: float, unit: str) -> None:
+        """Fold in what one read (an epoch, or a group under one commit per group) held at its peak
+        in Spark's memory. A read that spilled needed more than it got: it counts as the budget."""
+        if records <= 0 or budget_mb <= 0:
+            return
+        self.memory_samples.append((float(records), max(peak_mb, budget_mb if spilled_mb > 0 else 0.0)))
+        del self.memory_samples[:-COST_SAMPLES]
+        self.memory_budget_mb, self.memory_unit = float(budget_mb), unit
+
+    def memory_limit_records(self) -> int | None:
+        """The records one read may hold within ``memory_fraction`` of the measured unified memory:
+        ``peak = m0 + m1 * records`` fitted to the recent reads (least squares), solved for the
+        allowed peak; ``None`` while the fit cannot say (fewer than 3 reads, one size only, or
+        memory that does not grow with records). Never below the largest read that stayed within
+        the allowance: a noisy fit cannot shrink epochs below a size that measured fine."""
+        if len(self.memory_samples) < 3 or not self.memory_budget_mb:
+            return None
+        records, peaks = np.array(self.memory_samples, float).T
+        allowed = self.config.memory_fraction * self.memory_budget_mb
+        if np.ptp(records) <= 0:
+            return None
+        m1, m0 = np.polyfit(records, peaks, 1)
+        if m1 <= 0:
+            return None
+        fine = records[peaks <= allowed]
+        floor = int(fine.max()) if fine.size else 1
+        return max(floor, int((allowed - max(m0, 0.0)) / m1))
 
     def _new_bin(self, b: int) -> _Bin:
         near = sorted((abs(o - b), o) for o, s in self.bins.items() if s.local_opt)
@@ -274,6 +322,17 @@ class EpochSizeController:
                 backlog_files: int) -> EpochPlan:
         """The next group's epoch size, k (<= k_cap) and partitions; does not change state.
         ``coordination_s``: the measured fixed cost per group, ``None`` before the first group."""
+        plan = self._propose(rate_rps, file_rate, coordination_s, k_cap, backlog_files)
+        fit = self.epochs_in_memory(plan.epoch_size, self.max_files(rate_rps, file_rate) if rate_rps > 0 else 0)
+        if plan.k <= fit:
+            return plan
+        per_epoch = (plan.predicted_wall_s - self.fixed_cost(coordination_s)) / plan.k
+        return EpochPlan(plan.epoch_size, fit, plan.partitions,
+                         f"{plan.reason}; k {plan.k} -> {fit}: the group's reads fit the measured memory",
+                         self.fixed_cost(coordination_s) + fit * per_epoch)
+
+    def _propose(self, rate_rps: float, file_rate: float, coordination_s: float | None, k_cap: int,
+                 backlog_files: int) -> EpochPlan:
         if rate_rps <= 0 or file_rate <= 0:
             return EpochPlan(self.last_x, 1, self.config.initial_partitions, "idle: no arrivals measured", 0.0)
         b = rate_bin(rate_rps, self.config.rate_bin_ratio)
@@ -404,6 +463,8 @@ class EpochSizeController:
             "config": cfg,
             "last_x": self.last_x,
             "cost_samples": [list(sample) for sample in self.cost_samples],
+            "memory": {"samples": [list(sample) for sample in self.memory_samples],
+                       "budget_mb": self.memory_budget_mb, "unit": self.memory_unit},
             "bins": {
                 str(b): {
                     "partitions": s.partitions, "settled": s.settled, "unstable": s.unstable, "last_x": s.last_x,
@@ -425,6 +486,9 @@ class EpochSizeController:
         ctl.last_x = int(data["last_x"])
         # absent in state saved by older versions: the cost model starts empty, as for a new pipeline
         ctl.cost_samples = [(float(r), float(t)) for r, t in data.get("cost_samples", [])]
+        memory = data.get("memory", {})  # absent before memory was measured: the constant ceiling only
+        ctl.memory_samples = [(float(r), float(m)) for r, m in memory.get("samples", [])]
+        ctl.memory_budget_mb, ctl.memory_unit = memory.get("budget_mb"), memory.get("unit", "epoch")
         for b, s in data["bins"].items():
             bs = _Bin(partitions=int(s["partitions"]), settled=bool(s["settled"]), unstable=int(s["unstable"]),
                       last_x=int(s["last_x"]),

@@ -28,6 +28,17 @@ def adaptive_reason(reason: str) -> bool:
 
 
 @dataclass(frozen=True)
+class MemorySample:
+    """One read's peak in Spark's memory: an epoch's, or a whole group's under one commit per group."""
+
+    records: int
+    peak_mb: float
+    spilled_mb: float
+    budget_mb: float
+    unit: str  # "epoch" or "group"
+
+
+@dataclass(frozen=True)
 class GroupResult:
     """What a finished group measured: files and seconds per epoch, and its coordination time
     (Airflow scheduling + sensor delay + Spark start-up and warm-up = wall time - sum of epochs)."""
@@ -41,6 +52,7 @@ class GroupResult:
     file_rate: float
     reason: str = ""
     epoch_records: tuple[int, ...] = ()  # input records per epoch; () = unknown, estimated from the rate
+    memory: tuple[MemorySample, ...] = ()  # what its reads held in Spark's memory (classic Spark only)
 
     @property
     def wall_s(self) -> float:
@@ -101,6 +113,8 @@ class ControlState:
             epoch_records=list(result.epoch_records) or None,
             coordination_s=result.coordination_s, coordination_ewma_s=self.group.coordination_s or 0.0,
             k_cap=self.group.k, adaptive=adaptive)
+        for sample in result.memory:
+            self.epoch.record_memory(sample.records, sample.peak_mb, sample.spilled_mb, sample.budget_mb, sample.unit)
         self.last_group_id = result.group_id
         self.last_note = f"k={self.group.k} ({self.group.last_action}); {note}"
         return self.last_note
