@@ -120,33 +120,56 @@ class CpuMeter:
         self.seen: dict[int, float] = {}
         self.names: dict[int, str] = {}
         self.interval = interval
+        self.gib_s = 0.0  # resident memory of the tree integrated over time (GiB-seconds)
+        self.peak_rss_gib = 0.0
+        self._last_rss: tuple[float, float] | None = None  # (monotonic time, GiB) of the last sample
+        self._lock = threading.RLock()  # the loop and the caller both sample and read
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, daemon=True)
         self._thread.start()
 
     def sample(self) -> float:
+        with self._lock:
+            return self._sample()
+
+    def _sample(self) -> float:
         import psutil
 
         try:
             procs = list(self.find()) if self.find else [self.root, *self.root.children(recursive=True)]
-        except psutil.NoSuchProcess:
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
             procs = []
+        rss = 0
         for p in procs:
             try:
                 t = p.cpu_times()
                 self.seen[p.pid] = max(self.seen.get(p.pid, 0.0), t.user + t.system)
                 self.names[p.pid] = p.name()  # again each time: spark-submit is bash until it execs java
+                rss += p.memory_info().rss
             except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
                 continue
+        self._integrate_rss(rss / 2**30)
         return self.total
+
+    def _integrate_rss(self, gib: float) -> None:
+        """GiB-seconds by the trapezoid rule between samples (what memory-billed Spark charges)."""
+        import time
+
+        now = time.monotonic()
+        if self._last_rss is not None:
+            self.gib_s += (now - self._last_rss[0]) * (gib + self._last_rss[1]) / 2
+        self._last_rss = (now, gib)
+        self.peak_rss_gib = max(self.peak_rss_gib, gib)
 
     def by_name(self, name: str) -> float:
         """CPU-seconds of the processes called ``name`` (e.g. ``java``)."""
-        return sum(v for pid, v in self.seen.items() if self.names.get(pid) == name)
+        with self._lock:
+            return sum(v for pid, v in self.seen.items() if self.names.get(pid) == name)
 
     @property
     def total(self) -> float:
-        return sum(self.seen.values())
+        with self._lock:
+            return sum(self.seen.values())
 
     def _loop(self) -> None:
         while not self._stop.wait(self.interval):
