@@ -247,13 +247,16 @@ class MemoryProbe:
                       for s in info.stageIds}
             peak = spilled = 0
             for stage in stages:
-                data = store.stageAttempt(stage, 0, False, None, False, None)._1()
+                try:
+                    data = store.stageAttempt(stage, 0, False, None, False, None)._1()
+                except Exception:  # gone: the store drops skipped stages first once it holds spark.ui.retainedStages
+                    continue
                 peak = max(peak, data.peakExecutionMemory())
                 spilled += data.memoryBytesSpilled()
             cached = sum(info.memSize() for info in sc._jsc.sc().getRDDStorageInfo())
             budget = sum(v._1() for v in _scala_map_values(sc._jsc.sc().getExecutorMemoryStatus()))
-        except Exception as exc:  # a metric Spark did not keep (retention): measure nothing, never fail
-            log.debug("no memory reading for %s: %s", tag, exc)
+        except Exception as exc:  # measure nothing rather than fail a group
+            log.warning("no memory reading for %s (the controllers keep their constant ceiling): %s", tag, exc)
             return None
         return MemoryReading(round((peak + cached) / 2**20, 1), round(spilled / 2**20, 1), round(budget / 2**20, 1))
 
