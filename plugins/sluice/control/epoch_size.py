@@ -323,7 +323,9 @@ class EpochSizeController:
         """The next group's epoch size, k (<= k_cap) and partitions; does not change state.
         ``coordination_s``: the measured fixed cost per group, ``None`` before the first group."""
         plan = self._propose(rate_rps, file_rate, coordination_s, k_cap, backlog_files)
-        fit = self.epochs_in_memory(plan.epoch_size, self.max_files(rate_rps, file_rate) if rate_rps > 0 else 0)
+        if rate_rps <= 0 or file_rate <= 0:  # the idle plan; max_files needs both rates
+            return plan
+        fit = self.epochs_in_memory(plan.epoch_size, self.max_files(rate_rps, file_rate))
         if plan.k <= fit:
             return plan
         per_epoch = (plan.predicted_wall_s - self.fixed_cost(coordination_s)) / plan.k
