@@ -13,7 +13,8 @@ other's groups past the SLA):
   ``foreachBatch`` writing the same Delta tables the same way as sluice. Charged from the end
   of an untimed warm-up batch (a query that lives for days has long paid its start-up).
 * **sluice**, under ``control.objective: cost``: the decision of ``sluice.adaptive.decide``
-  (the same the backlog trigger takes) starts each group as a run-once application
+  (the same the backlog trigger takes, polling every SLA / 60: 1 s at 60 s, 5 s at 5 min, 15 s at
+  15 min, 30 s at most; charged per poll) starts each group as a run-once application
   (``sluice run-group --plan``) with its own JVM (charged: each application's whole process
   tree, start-up included), plus the Airflow task processes of a group
   (``airflow_cpu_s_per_group`` from ``overhead.json``, Connect mode, when it was measured).
@@ -64,12 +65,18 @@ TRIGGER_MARGIN_S = 15  # always-on trigger = SLA - this: one batch's wall and a 
 CORES = 2  # every side runs local[2]: what a deployment would reserve for it
 WARM_UP_FILES = 10
 IDLE_S = 30.0  # seconds each long-lived JVM is watched idle, before arrivals, for its idle CPU
-LEAD_S = 3.0  # the deadline rule's lead: poll interval (1 s) + the controllers' 2 s margin
+MARGIN_S = 2.0  # the controllers' margin: the deadline rule's lead is the poll interval plus this
+POLLS_PER_SLA = 60  # the backlog trigger polls every SLA / this (1 s at 60 s, 15 s at 15 min; at most 30 s)
 MODEL_TOLERANCE = 0.15
 
 
 def trigger_for(sla_s: float) -> int:
     return int(sla_s - TRIGGER_MARGIN_S)
+
+
+def poll_for(sla_s: float) -> int:
+    """sluice's poll interval at an SLA: a 1 s poll costs a long SLA CPU and buys it nothing."""
+    return int(min(30, max(1, sla_s // POLLS_PER_SLA)))
 
 
 ALWAYS_ON = r"""
@@ -282,7 +289,7 @@ def sluice(work: Path, name: str, rate: int, window: float, tag: str = "submit",
     raw = ysb_spec_yaml(f"cost_sluice_{tag}_{name}", landing, root / "tables" / "campaign_views")
     # epoch_files: before anything is measured, epochs of what the always-on side takes per batch
     raw["control"].update(adaptive=True, objective="cost", freshness_sla_s=sla_s, epoch_files=trigger_for(sla_s),
-                          group_epochs=1, poll_interval_s=1)
+                          group_epochs=1, poll_interval_s=poll_for(sla_s))
     spec = write_spec(Path(os.environ["SLUICE_PIPELINES_DIR"]), raw)
     store = f"sqlite:///{root / 'sluice.db'}"
     epoch_log = EpochLog(store)
@@ -292,8 +299,9 @@ def sluice(work: Path, name: str, rate: int, window: float, tag: str = "submit",
     t0 = time.time()
     lander.start()
     groups, cpu, reserved, gib_s = [], 0.0, 0.0, 0.0
-    poll_cpu = 0.0
+    poll_cpu, polls = 0.0, 0
     while lander.is_alive() or source.backlog().files:
+        polls += 1
         p0 = time.thread_time()
         backlog = source.backlog()
         verdict = adaptive.decide(spec, epoch_log, backlog.files, backlog.oldest_age_s,
@@ -331,7 +339,8 @@ def sluice(work: Path, name: str, rate: int, window: float, tag: str = "submit",
         published = e.published_at.replace(tzinfo=UTC).timestamp() if e.published_at else None
         freshness += [published - f.mtime for f in epoch_log.manifest(spec.name, e.start, e.end)] if published else []
     epoch_log.engine.dispose()
-    return {"cpu_s": round(cpu + poll_cpu, 1), "trigger_poll_cpu_s": round(poll_cpu, 2),
+    return {"cpu_s": round(cpu + poll_cpu, 1), "trigger_poll_cpu_s": round(poll_cpu, 2), "polls": polls,
+            "poll_interval_s": spec.control.poll_interval_s,
             "wall_s": round(time.time() - t0, 1), "reserved_core_s": round(reserved, 1), "gib_s": round(gib_s, 1),
             "groups": groups, "max_freshness_s": round(max(freshness, default=0.0), 1),
             "mean_freshness_s": round(sum(freshness) / max(1, len(freshness)), 1)}
@@ -381,13 +390,14 @@ class CostModel:
     connect_gib: float  # resident GiB of the server
     connect_client_gib_s: Linear
     airflow_cpu_per_group: float
-    poll_cpu_per_s: float  # the backlog trigger's own polling (in the triggerer), per second
+    poll_cpu_per_s: float  # the backlog trigger's own polling (in the triggerer), per second at the measured intervals
+    poll_cpu_per_poll: float  # the same per poll: what the model charges, at ``poll_for(sla)``
     max_group_records: float  # the largest group (max_group_epochs x max_epoch_records): fires when full
 
     def group_span(self, wall: Linear, sla_s: float, rate: float) -> float:
         """Seconds of arrivals per group under the deadline rule: a group fires when its oldest
         file is ``sla - wall - lead`` old, so ``span = sla - lead - wall(rate * span)``."""
-        span = (sla_s - LEAD_S - wall.fixed) / (1 + wall.per_record * rate)
+        span = (sla_s - poll_for(sla_s) - MARGIN_S - wall.fixed) / (1 + wall.per_record * rate)
         return max(1.0, min(span, self.max_group_records / rate))
 
     def predict(self, sla_s: float, rate: float) -> dict[str, dict[str, float]]:
@@ -397,17 +407,18 @@ class CostModel:
         out = {"always_on": {
             "cpu_s": self.always_on_idle_cpu_per_s * 3600 + batches * self.always_on_batch_cpu(rate * trigger),
             "reserved_core_s": CORES * 3600.0, "gib_s": self.always_on_gib * 3600}}
+        polling = self.poll_cpu_per_poll * 3600 / poll_for(sla_s)
         span = self.group_span(self.jvm_group_wall, sla_s, rate)
         groups = 3600.0 / span
         out["sluice"] = {
-            "cpu_s": self.poll_cpu_per_s * 3600
+            "cpu_s": polling
             + groups * (self.jvm_group_cpu(rate * span) + self.airflow_cpu_per_group),
             "reserved_core_s": groups * CORES * self.jvm_group_wall(rate * span),
             "gib_s": groups * self.jvm_group_gib_s(rate * span)}
         span = self.group_span(self.connect_group_wall, sla_s, rate)
         groups = 3600.0 / span
         out["sluice_connect"] = {
-            "cpu_s": (self.connect_idle_cpu_per_s + self.poll_cpu_per_s) * 3600
+            "cpu_s": self.connect_idle_cpu_per_s * 3600 + polling
             + groups * (self.connect_group_cpu(rate * span) + self.airflow_cpu_per_group),
             "reserved_core_s": CORES * 3600.0,
             "gib_s": self.connect_gib * 3600 + groups * self.connect_client_gib_s(rate * span)}
@@ -422,12 +433,18 @@ class CostModel:
         out = {"always_on": self.always_on_idle_cpu_per_s * always["wall_s"]
                + n * self.always_on_batch_cpu(records / n)}
         n = len(jvm["groups"])
-        out["sluice"] = (self.poll_cpu_per_s * jvm["wall_s"]
+        out["sluice"] = (self.poll_cpu_per_poll * self.polls(jvm)
                          + n * (self.jvm_group_cpu(records / n) + self.airflow_cpu_per_group))
         n = len(connect["groups"])
-        out["sluice_connect"] = ((self.connect_idle_cpu_per_s + self.poll_cpu_per_s) * connect["wall_s"]
+        out["sluice_connect"] = (self.connect_idle_cpu_per_s * connect["wall_s"]
+                                 + self.poll_cpu_per_poll * self.polls(connect)
                                  + n * (self.connect_group_cpu(records / n) + self.airflow_cpu_per_group))
         return {side: round(v, 1) for side, v in out.items()}
+
+    @staticmethod
+    def polls(side: dict[str, Any]) -> float:
+        """A run's polls (estimated from its wall time and interval for a run that did not count them)."""
+        return side.get("polls") or side["wall_s"] / side.get("poll_interval_s", 1)
 
     @classmethod
     def from_runs(cls, runs: list[dict[str, Any]], airflow_cpu: float, max_group_records: float) -> CostModel:
@@ -453,7 +470,9 @@ class CostModel:
             connect_client_gib_s=Linear.fit([(g["records"], g["gib_s"]) for g in c_groups]),
             airflow_cpu_per_group=airflow_cpu, max_group_records=max_group_records,
             poll_cpu_per_s=sum(r[side]["trigger_poll_cpu_s"] / r[side]["wall_s"] for r in runs
-                               for side in ("sluice", "sluice_connect")) / (2 * len(runs)))
+                               for side in ("sluice", "sluice_connect")) / (2 * len(runs)),
+            poll_cpu_per_poll=sum(r[side]["trigger_poll_cpu_s"] for r in runs for side in ("sluice", "sluice_connect"))
+            / sum(cls.polls(r[side]) for r in runs for side in ("sluice", "sluice_connect")))
 
 
 def per_hour(run: dict[str, Any]) -> dict[str, dict[str, float]]:

@@ -322,9 +322,9 @@ def submit_command(spec: Any, app: list[str], gc_path: Path) -> list[str]:
     from pyspark.find_spark_home import _find_spark_home
 
     from sluice.paths import JOBS_DIR, jars_dir
-    from sluice.spark import JAR_NAMES, RUN_ONCE_JAVA_OPTIONS, python_files, spark_conf
+    from sluice.spark import JAR_NAMES, python_files, run_once_java_options, spark_conf
 
-    java_options = (f"{RUN_ONCE_JAVA_OPTIONS} -Dlog4j2.configurationFile=file:{JOBS_DIR / 'log4j2.properties'} "
+    java_options = (f"{run_once_java_options()} -Dlog4j2.configurationFile=file:{JOBS_DIR / 'log4j2.properties'} "
                     f"-Xlog:gc,gc+init:file={gc_path}")
     conf = spark_conf({"spark.driver.extraJavaOptions": java_options, **spec.spark.conf})
     cmd = [str(Path(_find_spark_home()) / "bin" / "spark-submit"), "--master", f"local[{CORES}]",

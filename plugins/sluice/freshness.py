@@ -4,8 +4,10 @@ API shows it; ``FreshnessTrigger`` turns a breach, and the recovery, into Airflo
 
 from __future__ import annotations
 
+import statistics
 import time
 from dataclasses import dataclass
+from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from sluice import protocol
@@ -13,7 +15,7 @@ from sluice import protocol
 if TYPE_CHECKING:
     from sluice.sources import Backlog
     from sluice.spec import PipelineSpec
-    from sluice.store import EpochLog
+    from sluice.store import Epoch, EpochLog
 
 BREACHED, RECOVERED = "breached", "recovered"
 
@@ -51,6 +53,64 @@ def measure(spec: PipelineSpec, log: EpochLog, backlog: Backlog, now: float | No
         oldest.append(now - backlog.oldest_age_s)
     age = max(0.0, now - min(oldest)) if oldest else None
     return Freshness(spec.name, age, spec.control.freshness_sla_s)
+
+
+#: How many of the last groups the floor takes the median wall of: recent enough to follow a
+#: change (a bigger rate, a Connect server), enough to ride out one slow group.
+FLOOR_GROUPS = 10
+
+
+@dataclass(frozen=True)
+class SlaFloor:
+    """The freshness a pipeline can hold, from its groups' measured wall (``docs/operating.md``,
+    "What freshness a pipeline can hold"): a record that lands just after a group started waits
+    for that group, then for its own, and for a poll before it: ``2 x wall + poll``. Under the
+    cost objective the same bound holds: a group's span of arrivals must cover its own wall."""
+
+    sla_s: float
+    poll_s: float
+    group_wall_s: float | None  # median over the last groups, planned to published; None before any
+    groups: int
+
+    @property
+    def floor_s(self) -> float | None:
+        return None if self.group_wall_s is None else 2 * self.group_wall_s + self.poll_s
+
+    @property
+    def feasible(self) -> bool | None:
+        return None if self.floor_s is None else self.floor_s <= self.sla_s
+
+    def explanation(self) -> str:
+        if self.floor_s is None:
+            return "no group published yet: nothing measured"
+        said = (f"groups take {self.group_wall_s:.0f} s (median of the last {self.groups}, planned to published), "
+                f"so about {self.floor_s:.0f} s of freshness (2 x the wall + the {self.poll_s:g} s poll)")
+        if self.feasible:
+            return f"{said} is within the {self.sla_s:g} s SLA"
+        return (f"{said} is more than the {self.sla_s:g} s SLA: no epoch size holds it. Raise "
+                f"control.freshness_sla_s to {2.5 * self.group_wall_s + self.poll_s:.0f} s or more, or cut the "
+                "group's fixed cost (a warm Spark Connect server)")
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"sla_s": self.sla_s, "group_wall_s": None if self.group_wall_s is None else round(self.group_wall_s, 1),
+                "groups": self.groups, "floor_s": None if self.floor_s is None else round(self.floor_s, 1),
+                "feasible": self.feasible, "explanation": self.explanation()}
+
+
+def group_walls(epochs: list[Epoch]) -> list[float]:
+    """Each published group's wall, in group order: its first epoch planned to its last published."""
+    spans: dict[int, tuple[datetime, datetime]] = {}
+    for e in epochs:
+        if e.planned_at is None or e.published_at is None:
+            continue
+        first, last = spans.get(e.group_id, (e.planned_at, e.published_at))
+        spans[e.group_id] = (min(first, e.planned_at), max(last, e.published_at))
+    return [(last - first).total_seconds() for _, (first, last) in sorted(spans.items())]
+
+
+def sla_floor(sla_s: float, poll_s: float, epochs: list[Epoch], groups: int = FLOOR_GROUPS) -> SlaFloor:
+    recent = group_walls(epochs)[-groups:]
+    return SlaFloor(sla_s, poll_s, statistics.median(recent) if recent else None, len(recent))
 
 
 def transition(was_breached: bool | None, breached: bool) -> str | None:

@@ -117,16 +117,24 @@ def fetch_spark_jars() -> list[str]:
 RUN_ONCE_JAVA_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:ReservedCodeCacheSize=240m -XX:+UseSerialGC"
 
 
+def run_once_java_options() -> str:
+    """``RUN_ONCE_JAVA_OPTIONS``, plus the class-data archive ``make setup`` built for them
+    (``sluice.jvm_archive``), when there is one."""
+    from sluice.jvm_archive import archive_options
+
+    return f"{RUN_ONCE_JAVA_OPTIONS} {archive_options()}".strip()
+
+
 def spark_conf(extra: dict[str, str] | None = None, run_once: bool = True) -> dict[str, str]:
     """The Spark settings sluice uses, for a builder or for ``spark-submit --conf``.
 
     FAIR scheduling with the pools of ``sluice/jobs/fairscheduler.xml``: concurrent epochs of a group
     share the cores by weight (older first); sequential jobs behave as under FIFO.
-    ``run_once``: a driver that ends with its group (``RUN_ONCE_JAVA_OPTIONS``), not a server.
+    ``run_once``: a driver that ends with its group (``run_once_java_options``), not a server.
     """
     conf = dict(BASE_CONF)
     if run_once:
-        conf["spark.driver.extraJavaOptions"] = RUN_ONCE_JAVA_OPTIONS
+        conf["spark.driver.extraJavaOptions"] = run_once_java_options()
     conf["spark.scheduler.mode"] = "FAIR"
     conf["spark.scheduler.allocation.file"] = str(JOBS_DIR / "fairscheduler.xml")
     conf.update(extra or {})

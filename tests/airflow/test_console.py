@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import secrets
 import shutil
+import statistics
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -187,6 +188,16 @@ def test_the_console_shows_a_pipeline_and_rolls_it_back(ran, server, browser, sp
         assert row["delta"] == " ".join(f"{k}@{v}" for k, v in e.delta_versions.items()), (row, e.delta_versions)
         assert row["validation"] == "passed", row
     assert driver.find_element(By.CSS_SELECTOR, "#now-backlog-files b").text == "0"
+    # The freshness it can hold: 2 x the median group wall (first planned to last published) + a poll.
+    spans: dict[int, list] = {}
+    for e in epochs:
+        spans.setdefault(e.group_id, []).extend([e.planned_at, e.published_at])
+    walls = sorted((max(s) - min(s)).total_seconds() for s in spans.values())
+    floor = 2 * statistics.median(walls) + ran.control.poll_interval_s
+    card = driver.find_element(By.CSS_SELECTOR, "#now-sla-floor")
+    assert abs(float(card.find_element(By.TAG_NAME, "b").text.removesuffix(" s")) - floor) <= 0.11, (card.text, walls)
+    assert ("bad" in card.get_attribute("class")) == (floor > ran.control.freshness_sla_s), card.get_attribute("class")
+    assert f"median of the last {len(walls)}" in card.get_attribute("title"), card.get_attribute("title")
     assert marks(driver, "plot-rows", "output") == [(e.epoch_id, e.rows["output"]) for e in epochs]
     assert marks(driver, "plot-epoch-size", "files") == [(e.epoch_id, e.end - e.start) for e in epochs]
     assert marks(driver, "plot-k", "k") == [(0, 2), (1, 1)]  # groups of 2 epochs, then 1

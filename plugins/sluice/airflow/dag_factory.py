@@ -39,7 +39,7 @@ from sluice.airflow.sensors import BacklogSensor
 from sluice.airflow.triggers import BacklogEventTrigger
 from sluice.paths import JOBS_DIR, RUN_GROUP_APP, jars_dir
 from sluice.protocol import LeaseOwner
-from sluice.spark import JAR_NAMES, RUN_ONCE_JAVA_OPTIONS, remote_url, spark_conf
+from sluice.spark import JAR_NAMES, remote_url, run_once_java_options, spark_conf
 from sluice.spec import PipelineSpec
 
 
@@ -100,8 +100,9 @@ def build_dag(spec: PipelineSpec) -> DAG:
                                   "--group", "{{ ti.xcom_pull(task_ids='plan_group')['group_id'] }}",
                                   "--owner", str(LeaseOwner.dag_run("{{ dag.dag_id }}", "{{ run_id }}"))],
                 conn_id=spec.spark.conn_id,
-                conf=spark_conf({"spark.driver.extraJavaOptions": f"{RUN_ONCE_JAVA_OPTIONS} -Dlog4j2.configurationFile="
-                                 f"file:{JOBS_DIR / 'log4j2.properties'}", **spec.spark.conf}),
+                conf=spark_conf({"spark.driver.extraJavaOptions": f"{run_once_java_options()} "
+                                 f"-Dlog4j2.configurationFile=file:{JOBS_DIR / 'log4j2.properties'}",
+                                 **spec.spark.conf}),
                 jars=",".join(str(jars / name) for name in JAR_NAMES),
                 name=f"sluice-{spec.name}",
             )

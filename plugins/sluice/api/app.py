@@ -110,11 +110,12 @@ def control(dag_id: str) -> dict[str, Any]:
         verdict = adaptive.decide(spec, log, backlog.files, backlog.oldest_age_s, list(backlog.arrivals),
                                   continuous=spec.data_driven)
         fresh = freshness.measure(spec, log, backlog)
+        floor = freshness.sla_floor(spec.control.freshness_sla_s, spec.control.poll_interval_s, log.epochs(name))
         halted = log.halt_reason(name, spec.control.max_attempts)
         lease = log.lease_holder(name) if log.has_pipeline(name) else None
         # A halted pipeline's sensor does not fire, whatever the controllers would plan.
         return {"pipeline": name, "adaptive": spec.control.adaptive, "backlog": backlog.as_dict(),
-                "freshness": dict(fresh.as_dict(), alerts=spec.alerts.freshness),
+                "freshness": dict(fresh.as_dict(), alerts=spec.alerts.freshness), "sla_floor": floor.as_dict(),
                 "next": dict(verdict.plan(), fire=None if halted else verdict.fire),
                 "state": log.control_state(name), "halted": halted,
                 "lease_holder": lease, "lease_run": _dag_run(lease)}
