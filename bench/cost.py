@@ -463,8 +463,10 @@ class CostModel:
             jvm_group_wall=Linear.fit([(g["records"], g["wall_s"]) for g in jvm]),
             jvm_group_gib_s=Linear.fit([(g["records"], g["gib_s"]) for g in jvm]),
             connect_idle_cpu_per_s=c_idle,
+            # the client's own CPU only where Airflow's figure (which holds it) is not charged
             connect_group_cpu=Linear.fit([
-                (g["records"], g["cpu_s"] + max(0.0, g["server_cpu_s"] - c_idle * g["wall_s"])) for g in c_groups]),
+                (g["records"], (0.0 if airflow_cpu else g["cpu_s"])
+                 + max(0.0, g["server_cpu_s"] - c_idle * g["wall_s"])) for g in c_groups]),
             connect_group_wall=Linear.fit([(g["records"], g["wall_s"]) for g in c_groups]),
             connect_gib=sum((c["server_gib_s"]) / c["wall_s"] for c in connect) / len(connect),
             connect_client_gib_s=Linear.fit([(g["records"], g["gib_s"]) for g in c_groups]),
@@ -524,11 +526,24 @@ def measure_sla(work: Path, rate_name: str, rate: int, sla_s: float, window: flo
 
 
 def charge_airflow(out: dict[str, Any], airflow_cpu: float | None) -> None:
+    """Add the Airflow task processes of each group. On a Connect server the group's client is
+    the DAG's ``run_group`` task itself, whose CPU the Airflow figure (measured in Connect mode)
+    already holds: the bench's stand-in client processes are then not charged again
+    (``client_groups_cpu_s`` keeps what they cost)."""
+    if not airflow_cpu:
+        return
     for side_name in ("sluice", "sluice_connect"):
-        if airflow_cpu:
-            side = out[side_name]
-            side["airflow_cpu_s"] = round(airflow_cpu * len(side["groups"]), 1)
-            side["cpu_s"] = round(side["cpu_s"] + side["airflow_cpu_s"], 1)
+        side = out[side_name]
+        side["airflow_cpu_s"] = round(airflow_cpu * len(side["groups"]), 1)
+        side["cpu_s"] = round(side["cpu_s"] + side["airflow_cpu_s"], 1)
+    connect = out["sluice_connect"]
+    connect["client_groups_cpu_s"] = client_groups_cpu(connect)
+    connect["cpu_s"] = round(connect["cpu_s"] - connect["client_groups_cpu_s"], 1)
+
+
+def client_groups_cpu(run: dict[str, Any]) -> float:
+    """What a Connect run's stand-in client processes cost (each group's ``cpu_s``)."""
+    return round(sum(g["cpu_s"] for g in run["groups"]), 1)
 
 
 def max_group_records() -> float:
@@ -689,7 +704,9 @@ def shared_connect(work: Path, pipelines: int, each: int, sla_s: float, window: 
         server.terminate()
         server.wait(timeout=60)
     charge_airflow_groups = [(airflow_cpu or 0.0) * len(r["groups"]) for r in runs]
-    clients_cpu_h = sum((r["cpu_s"] + a) / window * 3600 for r, a in zip(runs, charge_airflow_groups, strict=True))
+    # With Airflow's figure charged, the stand-in clients are not (see charge_airflow).
+    clients_cpu_h = sum((r["cpu_s"] - (client_groups_cpu(r) if airflow_cpu else 0.0) + a) / window * 3600
+                        for r, a in zip(runs, charge_airflow_groups, strict=True))
     # the server's idle rate, plus its work for the n windows of arrivals
     server_cpu_h = idle * 3600 + max(0.0, server_cpu - idle * span) / window * 3600
     clients_gib_h = sum(r["gib_s"] / window * 3600 for r in runs)
