@@ -3,8 +3,8 @@ load at start-up from one file instead of reading, parsing and verifying them fr
 for every group again.
 
 A run-once driver starts a JVM per group, and most of its fixed cost is that start: measured on
-a 20-file YSB group (2 cores), the archive cut the group's CPU from 22.9 to 17.2 CPU-seconds
-and its wall time from 18.0 to 12.9 s (``bench/README.md``, "The run-once JVM's start").
+a 20-file YSB group (2 cores), the archive cut the group's CPU from 21.6 to 16.3 CPU-seconds
+and its wall time from 16.9 to 12.4 s (``docs/how-it-works.md``, "Spark").
 
 ``make setup`` builds it once (``python -m sluice.jvm_archive``): a training run in a JVM with
 the run-once options and ``-XX:ArchiveClassesAtExit`` reads JSON lines, aggregates, writes a
@@ -95,12 +95,17 @@ def build(timeout_s: float = 600.0) -> Path:
         plugins = str(Path(__file__).resolve().parents[1])
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [plugins, os.environ.get("PYTHONPATH")]))}
         env.pop("SLUICE_SPARK_REMOTE", None)
-        done = subprocess.run([sys.executable, "-c", TRAINING, folder, options], env=env, capture_output=True,
-                              text=True, timeout=timeout_s)
-        if done.returncode:
+        try:
+            done = subprocess.run([sys.executable, "-c", TRAINING, folder, options], env=env, capture_output=True,
+                                  text=True, timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            partial.unlink(missing_ok=True)
+            raise TimeoutError(f"the training run did not end within {timeout_s:.0f} s") from None
+        said = [line for line in done.stdout.splitlines() if line.startswith(PID_MARK)]
+        if done.returncode or not said:
             partial.unlink(missing_ok=True)
             raise RuntimeError(f"the training run failed ({done.returncode}): {done.stderr[-2000:]}")
-        jvm = int(next(line for line in done.stdout.splitlines() if line.startswith(PID_MARK))[len(PID_MARK):])
+        jvm = int(said[-1][len(PID_MARK):])
         deadline = time.monotonic() + timeout_s
         while _alive(jvm):  # the JVM writes the archive as it exits, after Python is done
             if time.monotonic() > deadline:
