@@ -31,7 +31,8 @@ process tree, integrated; CPU and memory sampled from ``/proc`` by ``bench.commo
   ``--window`` and 2 SLAs of arrivals); 15 min and 1 h come from a model of measured
   components (``model``): idle CPU per second of the always-on driver and the Connect server,
   and per batch or group a fixed and a per-record part of CPU, wall and memory, fitted to the
-  batches and groups of the measured runs. The model must predict the measured points within
+  batches and groups of the measured runs (the SLAs measured, and the 60 s runs at the other
+  rates: one SLA's batches at one rate all have about the same size). The model must predict the measured points within
   15 % (``model.check``); every figure says whether it is ``modelled``.
 * ``multi``: ``--pipelines`` pipelines at a 5 min SLA (their arrivals staggered by SLA / n, the
   rate split among them) on one Connect server against as many always-on queries.
@@ -447,15 +448,23 @@ class CostModel:
         return side.get("polls") or side["wall_s"] / side.get("poll_interval_s", 1)
 
     @classmethod
-    def from_runs(cls, runs: list[dict[str, Any]], airflow_cpu: float, max_group_records: float) -> CostModel:
-        """Components from the batches and groups of every measured SLA (``runs``: one per SLA)."""
+    def from_runs(cls, runs: list[dict[str, Any]], airflow_cpu: float, max_group_records: float,
+                  sizes: list[dict[str, Any]] = ()) -> CostModel:
+        """Components from the batches and groups of every measured SLA (``runs``: one per SLA).
+        ``sizes`` (the 60 s runs at the other input rates) add their batches and groups to the
+        fixed + per-record fits only: at one rate every batch of a run has the same size, so one
+        SLA's batches alone cannot tell a batch's fixed cost from its per-record cost. What is per
+        second or per run (idle CPU, resident memory, polling) comes from ``runs`` alone."""
         always = [r["always_on"] for r in runs]
-        jvm = [g for r in runs for g in r["sluice"]["groups"]]
+        fitted = [*runs, *sizes]
+        jvm = [g for r in fitted for g in r["sluice"]["groups"]]
         connect = [r["sluice_connect"] for r in runs]
         idle = sum(a["idle_cpu_per_s"] for a in always) / len(always)
-        batch = [(b["records"], max(0.0, b["cpu_s"] - idle * b["gap_s"])) for a in always for b in a["batch_costs"]]
+        batch = [(b["records"], max(0.0, b["cpu_s"] - r["always_on"]["idle_cpu_per_s"] * b["gap_s"]))
+                 for r in fitted for b in r["always_on"]["batch_costs"]]
         c_idle = sum(c["server_idle_cpu_per_s"] for c in connect) / len(connect)
-        c_groups = [g for c in connect for g in c["groups"]]
+        c_groups = [(g, r["sluice_connect"]["server_idle_cpu_per_s"])
+                    for r in fitted for g in r["sluice_connect"]["groups"]]
         return cls(
             always_on_idle_cpu_per_s=idle, always_on_batch_cpu=Linear.fit(batch),
             always_on_gib=sum(a["gib_s"] / a["wall_s"] for a in always) / len(always),
@@ -466,10 +475,10 @@ class CostModel:
             # the client's own CPU only where Airflow's figure (which holds it) is not charged
             connect_group_cpu=Linear.fit([
                 (g["records"], (0.0 if airflow_cpu else g["cpu_s"])
-                 + max(0.0, g["server_cpu_s"] - c_idle * g["wall_s"])) for g in c_groups]),
-            connect_group_wall=Linear.fit([(g["records"], g["wall_s"]) for g in c_groups]),
+                 + max(0.0, g["server_cpu_s"] - idle_s * g["wall_s"])) for g, idle_s in c_groups]),
+            connect_group_wall=Linear.fit([(g["records"], g["wall_s"]) for g, _ in c_groups]),
             connect_gib=sum((c["server_gib_s"]) / c["wall_s"] for c in connect) / len(connect),
-            connect_client_gib_s=Linear.fit([(g["records"], g["gib_s"]) for g in c_groups]),
+            connect_client_gib_s=Linear.fit([(g["records"], g["gib_s"]) for g, _ in c_groups]),
             airflow_cpu_per_group=airflow_cpu, max_group_records=max_group_records,
             poll_cpu_per_s=sum(r[side]["trigger_poll_cpu_s"] / r[side]["wall_s"] for r in runs
                                for side in ("sluice", "sluice_connect")) / (2 * len(runs)),
@@ -555,11 +564,13 @@ def max_group_records() -> float:
 
 
 def sla_sweep(work: Path, rate_name: str, slas: list[float], window: float, airflow_cpu: float | None,
-              reuse: dict[str, Any] | None, save: Any = None) -> dict[str, Any]:
+              reuse: dict[str, Any] | None, save: Any = None,
+              sizes: dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:
     """Measure the SLAs given, model the rest, and check the model against what was measured:
     each measured SLA is predicted by a model fitted to the *other* SLAs' batches and groups
     (leave one out), both its CPU (from the run's own number of batches and groups) and its
-    interval between groups (the deadline rule's span)."""
+    interval between groups (the deadline rule's span). ``sizes``: the 60 s runs at the other
+    input rates, whose batches and groups widen the range of sizes the fits see."""
     rate = RATES[rate_name]
     runs: dict[str, dict[str, Any]] = {}
     for sla_s in slas:
@@ -572,13 +583,14 @@ def sla_sweep(work: Path, rate_name: str, slas: list[float], window: float, airf
         if save:
             save({"rate": rate_name, "runs": runs})  # a later failure keeps what was measured
     largest = max_group_records()
-    model = CostModel.from_runs(list(runs.values()), airflow_cpu or 0.0, largest)
+    extra = list((sizes or {}).values())
+    model = CostModel.from_runs(list(runs.values()), airflow_cpu or 0.0, largest, extra)
     check: dict[str, Any] = {}
     for label, run in runs.items():
         others = [r for other, r in runs.items() if other != label]
         if not others:
             continue
-        held_out = CostModel.from_runs(others, airflow_cpu or 0.0, largest)
+        held_out = CostModel.from_runs(others, airflow_cpu or 0.0, largest, extra)
         as_run = held_out.as_run(run, rate)
         errors = {side: round(as_run[side] / run[side]["cpu_s"] - 1, 3) for side in as_run}
         starts = [g["at_s"] for g in run["sluice"]["groups"] if g["reason"].startswith("freshness")]
@@ -606,6 +618,8 @@ def sla_sweep(work: Path, rate_name: str, slas: list[float], window: float, airf
     return {"rate": rate_name, "rate_eps": rate, "figures": figures, "runs": runs,
             "model": {**{k: (v.__dict__ if isinstance(v, Linear) else v) for k, v in model.__dict__.items()},
                       "check": check, "tolerance": MODEL_TOLERANCE,
+                      "fitted_to": {"slas_s": [r["sla_s"] for r in runs.values()],
+                                    "rates_at_60s": sorted(sizes or {})},
                       "within_tolerance": bool(check) and all(c["within"] for c in check.values())}}
 
 
@@ -774,7 +788,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"SLA sweep at {args.sweep_rate}: measured {slas}", flush=True)
     sweep = sla_sweep(work, args.sweep_rate, slas, window, airflow_cpu,
                       {k: reuse[k] for k in ("always_on", "sluice", "sluice_connect")} if reuse else None,
-                      save=lambda partial: write_result("cost", {**result, "slas_partial": partial}))
+                      save=lambda partial: write_result("cost", {**result, "slas_partial": partial}),
+                      sizes={name: {k: out[k] for k in ("window_s", "always_on", "sluice", "sluice_connect")}
+                             for name, out in result["rates"].items() if name != args.sweep_rate})
     result["slas"] = sweep
     for label, figures in sweep["figures"].items():
         result[f"savings_cpu_{label}"] = figures["savings_cpu"]
