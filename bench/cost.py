@@ -32,8 +32,9 @@ process tree, integrated; CPU and memory sampled from ``/proc`` by ``bench.commo
   components (``model``): idle CPU per second of the always-on driver and the Connect server,
   and per batch or group a fixed and a per-record part of CPU, wall and memory, fitted to the
   batches and groups of the measured runs (the SLAs measured, and the 60 s runs at the other
-  rates: one SLA's batches at one rate all have about the same size). The model must predict the measured points within
-  15 % (``model.check``); every figure says whether it is ``modelled``.
+  rates: one SLA's batches at one rate all have about the same size). The model must predict
+  the measured points within 15 % (``model.check``); every figure says whether it is
+  ``modelled``.
 * ``multi``: ``--pipelines`` pipelines at a 5 min SLA (their arrivals staggered by SLA / n, the
   rate split among them) on one Connect server against as many always-on queries.
 
@@ -52,6 +53,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC
 from pathlib import Path
@@ -449,7 +451,7 @@ class CostModel:
 
     @classmethod
     def from_runs(cls, runs: list[dict[str, Any]], airflow_cpu: float, max_group_records: float,
-                  sizes: list[dict[str, Any]] = ()) -> CostModel:
+                  sizes: Sequence[dict[str, Any]] = ()) -> CostModel:
         """Components from the batches and groups of every measured SLA (``runs``: one per SLA).
         ``sizes`` (the 60 s runs at the other input rates) add their batches and groups to the
         fixed + per-record fits only: at one rate every batch of a run has the same size, so one
@@ -789,8 +791,7 @@ def main(argv: list[str] | None = None) -> int:
     sweep = sla_sweep(work, args.sweep_rate, slas, window, airflow_cpu,
                       {k: reuse[k] for k in ("always_on", "sluice", "sluice_connect")} if reuse else None,
                       save=lambda partial: write_result("cost", {**result, "slas_partial": partial}),
-                      sizes={name: {k: out[k] for k in ("window_s", "always_on", "sluice", "sluice_connect")}
-                             for name, out in result["rates"].items() if name != args.sweep_rate})
+                      sizes={name: out for name, out in result["rates"].items() if name != args.sweep_rate})
     result["slas"] = sweep
     for label, figures in sweep["figures"].items():
         result[f"savings_cpu_{label}"] = figures["savings_cpu"]
