@@ -101,12 +101,12 @@ def main(argv: list[str] | None = None) -> int:
     configure()
     from sluice.sources import FileSource
     from sluice.spec import get_spec
-    from sluice.store import EpochLog
+    from sluice.store import EpochStore
 
     spec = get_spec(NAME)
     spec.landing_dir.mkdir(parents=True, exist_ok=True)
-    epoch_log = EpochLog()
-    source = FileSource(spec, epoch_log)
+    store = EpochStore()
+    source = FileSource(spec, store)
     env, server = dict(os.environ), None
     if args.connect:
         from bench.overhead import start_connect_server
@@ -119,13 +119,13 @@ def main(argv: list[str] | None = None) -> int:
     lander.start()
     groups = []
     try:
-        run_groups(spec, epoch_log, source, lander, started, groups, env)
+        run_groups(spec, store, source, lander, started, groups, env)
     finally:
         stop.set()
         if server is not None:
             server.terminate()
             server.wait(timeout=60)
-    result = summarise(spec, epoch_log, groups, started, args)
+    result = summarise(spec, store, groups, started, args)
     result["config"]["spark"] = "a warm Spark Connect server" if args.connect else "a JVM per group"
     name = "control_e2e_connect" if args.connect else "control_e2e"
     RESULTS.mkdir(parents=True, exist_ok=True)
@@ -135,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def run_groups(spec: Any, epoch_log: Any, source: Any, lander: threading.Thread, started: float,
+def run_groups(spec: Any, store: Any, source: Any, lander: threading.Thread, started: float,
                groups: list[dict[str, Any]], env: dict[str, str]) -> None:
     """The backlog trigger's loop: decide, and run each group as its own application."""
     from sluice import adaptive
@@ -144,7 +144,7 @@ def run_groups(spec: Any, epoch_log: Any, source: Any, lander: threading.Thread,
     while lander.is_alive() or source.backlog().files:
         backlog = source.backlog()
         mtimes = [f[2] for f in source.list_folder()]
-        verdict = adaptive.decide(spec, epoch_log, backlog.files, backlog.oldest_age_s, mtimes,
+        verdict = adaptive.decide(spec, store, backlog.files, backlog.oldest_age_s, mtimes,
                                   continuous=lander.is_alive())
         if not verdict.fire:
             time.sleep(spec.control.poll_interval_s)
@@ -163,15 +163,15 @@ def run_groups(spec: Any, epoch_log: Any, source: Any, lander: threading.Thread,
               f"rate {plan['rate_rps']:.0f}/s; app {time.time() - t0:.1f} s", flush=True)
 
 
-def summarise(spec, epoch_log, groups: list[dict], started: float, args: argparse.Namespace) -> dict:
+def summarise(spec, store, groups: list[dict], started: float, args: argparse.Namespace) -> dict:
     """Per group, from the epoch log: sizes, k, partitions and the freshness of its records
     (publish time minus landing time of each file: mean and max)."""
     by_group: dict[int, list] = {}
-    for e in epoch_log.epochs(spec.name):
+    for e in store.epochs(spec.name):
         by_group.setdefault(e.group_id, []).append(e)
     rows = []
     for i, (group_id, epochs) in enumerate(sorted(by_group.items())):
-        files = epoch_log.manifest(spec.name, epochs[0].start, epochs[-1].end)
+        files = store.manifest(spec.name, epochs[0].start, epochs[-1].end)
         published = epochs[-1].published_at.replace(tzinfo=UTC).timestamp() if epochs[-1].published_at else None
         lat = [published - f.mtime for f in files] if published else []
         plan = groups[i] if i < len(groups) else {}

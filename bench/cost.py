@@ -284,7 +284,7 @@ def sluice(work: Path, name: str, rate: int, window: float, tag: str = "submit",
     from sluice import adaptive
     from sluice.paths import RUN_GROUP_APP
     from sluice.sources import FileSource
-    from sluice.store import EpochLog
+    from sluice.store import EpochStore
 
     root = work / f"sluice-{tag}-{name}"
     landing = root / "landing"
@@ -294,9 +294,9 @@ def sluice(work: Path, name: str, rate: int, window: float, tag: str = "submit",
     raw["control"].update(adaptive=True, objective="cost", freshness_sla_s=sla_s, epoch_files=trigger_for(sla_s),
                           group_epochs=1, poll_interval_s=poll_for(sla_s))
     spec = write_spec(Path(os.environ["SLUICE_PIPELINES_DIR"]), raw)
-    store = f"sqlite:///{root / 'sluice.db'}"
-    epoch_log = EpochLog(store)
-    source = FileSource(spec, epoch_log)
+    store_at = f"sqlite:///{root / 'sluice.db'}"
+    store = EpochStore(store_at)
+    source = FileSource(spec, store)
     stop = threading.Event()
     lander = threading.Thread(target=land, args=(landing, rate, window, stop, delay_s), daemon=True)
     t0 = time.time()
@@ -307,7 +307,7 @@ def sluice(work: Path, name: str, rate: int, window: float, tag: str = "submit",
         polls += 1
         p0 = time.thread_time()
         backlog = source.backlog()
-        verdict = adaptive.decide(spec, epoch_log, backlog.files, backlog.oldest_age_s,
+        verdict = adaptive.decide(spec, store, backlog.files, backlog.oldest_age_s,
                                   [f[2] for f in source.list_folder()], continuous=lander.is_alive())
         poll_cpu += time.thread_time() - p0
         if not verdict.fire:
@@ -316,7 +316,7 @@ def sluice(work: Path, name: str, rate: int, window: float, tag: str = "submit",
         plan = dict(verdict.plan(), fired_at=time.time())
         server_before = server.sample() if server else 0.0
         proc = subprocess.Popen([sys.executable, str(RUN_GROUP_APP), "--pipeline", spec.name,
-                                 "--plan", "--store-url", store, "--epoch-size", str(plan["epoch_size"]),
+                                 "--plan", "--store-url", store_at, "--epoch-size", str(plan["epoch_size"]),
                                  "-k", str(plan["k"]), "--plan-extra", json.dumps(plan)],
                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                                 env={**os.environ, "SLUICE_SPARK_MASTER": f"local[{CORES}]", **(env or {})})
@@ -329,7 +329,7 @@ def sluice(work: Path, name: str, rate: int, window: float, tag: str = "submit",
         if proc.returncode:
             raise RuntimeError(f"group failed ({proc.returncode}): {err[-2000:]}")
         cpu += group_cpu
-        ran = [g for g in epoch_log.groups(spec.name) if g.plan.get("fired_at") == plan["fired_at"]]
+        ran = [g for g in store.groups(spec.name) if g.plan.get("fired_at") == plan["fired_at"]]
         if not ran:
             raise RuntimeError(f"pipeline {spec.name}: the run planned no group for {plan}")
         records = sum(int(e.rows.get("input") or 0) for e in ran[-1].epochs)
@@ -338,10 +338,10 @@ def sluice(work: Path, name: str, rate: int, window: float, tag: str = "submit",
                        "wall_s": round(wall, 1), "gib_s": round(meter.gib_s, 1),
                        "server_cpu_s": round(server.sample() - server_before, 1) if server else None})
     freshness = []
-    for e in epoch_log.epochs(spec.name):
+    for e in store.epochs(spec.name):
         published = e.published_at.replace(tzinfo=UTC).timestamp() if e.published_at else None
-        freshness += [published - f.mtime for f in epoch_log.manifest(spec.name, e.start, e.end)] if published else []
-    epoch_log.engine.dispose()
+        freshness += [published - f.mtime for f in store.manifest(spec.name, e.start, e.end)] if published else []
+    store.engine.dispose()
     return {"cpu_s": round(cpu + poll_cpu, 1), "trigger_poll_cpu_s": round(poll_cpu, 2), "polls": polls,
             "poll_interval_s": spec.control.poll_interval_s,
             "wall_s": round(time.time() - t0, 1), "reserved_core_s": round(reserved, 1), "gib_s": round(gib_s, 1),

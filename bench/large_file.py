@@ -339,7 +339,7 @@ def run_size(work: Path, tag: str, landing: Path, driver_memory: str, wholetext:
     """One spark-submit application planning and running one group of the one landed file."""
     from sluice.net import free_port
     from sluice.paths import RUN_GROUP_APP
-    from sluice.store import EpochLog
+    from sluice.store import EpochStore
 
     root = work / "runs" / tag
     shutil.rmtree(root, ignore_errors=True)
@@ -357,13 +357,13 @@ def run_size(work: Path, tag: str, landing: Path, driver_memory: str, wholetext:
         "spark.local.dir": str(local_dir),
     }}
     spec = write_spec(Path(os.environ["SLUICE_PIPELINES_DIR"]), raw)
-    store = f"sqlite:///{root / 'sluice.db'}"
+    store_at = f"sqlite:///{root / 'sluice.db'}"
     gc_path = root / "gc.log"
-    group_args = ["--pipeline", spec.name, "--plan", "--store-url", store]
+    group_args = ["--pipeline", spec.name, "--plan", "--store-url", store_at]
     app = ([str(Path(__file__).resolve()), WHOLETEXT_FLAG, *group_args] if wholetext
            else [str(RUN_GROUP_APP), *group_args])
     cmd = submit_command(spec, app, gc_path)
-    env = {**os.environ, "SLUICE_STORE_URL": store, "SLUICE_HOME": str(ROOT)}
+    env = {**os.environ, "SLUICE_STORE_URL": store_at, "SLUICE_HOME": str(ROOT)}
     if wholetext:  # this file as the application: spark-submit puts bench/, not the root, on sys.path
         env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "plugins"), str(ROOT), env.get("PYTHONPATH", "")])
     load_before = os.getloadavg()[0]
@@ -383,9 +383,9 @@ def run_size(work: Path, tag: str, landing: Path, driver_memory: str, wholetext:
             rest.stop()
     wall = time.perf_counter() - t0
     load = {"before": round(load_before, 2), "after_5min": round(os.getloadavg()[1], 2)}
-    epoch_log = EpochLog(store)
-    epochs = epoch_log.epochs(spec.name)
-    epoch_log.engine.dispose()
+    store = EpochStore(store_at)
+    epochs = store.epochs(spec.name)
+    store.engine.dispose()
     size = sum(p.stat().st_size for p in landing.glob("*.json"))
     result: dict[str, Any] = {
         "bytes": size, "mb": round(size / MB, 1), "returncode": rc, "wall_s": round(wall, 1),

@@ -49,6 +49,7 @@ import json, os, sys, time, resource
 t0 = time.perf_counter()
 sys.path[:0] = [sys.argv[1] + "/plugins", sys.argv[1]]
 from sluice.spark import get_session
+from sluice.protocol.run import run_once
 t_import = time.perf_counter()
 spark = get_session("sluice-cold-start", master="local[2]")
 t_session = time.perf_counter()
@@ -82,8 +83,7 @@ def cold_start(work: Path, reps: int) -> dict[str, Any]:
 
 def epoch_fixed_cost(work: Path, epochs: int) -> dict[str, Any]:
     """Per-epoch seconds when an epoch holds next to nothing (one file of 20 records)."""
-    from sluice import execution
-    from sluice.store import EpochLog
+    from sluice.store import EpochStore
 
     spark = session("sluice-bench-overhead")
     landing = work / "tiny"
@@ -94,18 +94,18 @@ def epoch_fixed_cost(work: Path, epochs: int) -> dict[str, Any]:
         root = work / f"fixed-{tag}"
         spec = write_spec(root, ysb_spec_yaml(f"bench_fixed_{tag}", landing, root / "campaign_views",
                                               epoch_files=1, k=epochs, validate=validate))
-        epoch_log = EpochLog(f"sqlite:///{root / 'sluice.db'}")
+        store = EpochStore(f"sqlite:///{root / 'sluice.db'}")
         t0 = time.perf_counter()
-        execution.run_once(spec, epoch_log, spark, epoch_size=1, k=epochs)
+        run_once(spec, store, spark, epoch_size=1, k=epochs)
         wall = time.perf_counter() - t0
-        timings = [e.timings for e in epoch_log.epochs(spec.name)][1:]  # the first epoch pays class loading
+        timings = [e.timings for e in store.epochs(spec.name)][1:]  # the first epoch pays class loading
         steps = {key: stats([t.get(key, 0.0) for t in timings], 3) for key in timings[0]
                  if isinstance(timings[0][key], int | float)}
         result[tag] = {"epochs": epochs, "group_wall_s": round(wall, 2), "per_epoch_s": steps["epoch_s"],
                        "steps": steps, "marginal_epoch_s": marginal_epoch_cost(work, spark, tag, validate, epochs)}
         print(f"  fixed cost per epoch ({tag}): {steps['epoch_s']}; one more epoch in a group: "
               f"{result[tag]['marginal_epoch_s']}", flush=True)
-        epoch_log.engine.dispose()
+        store.engine.dispose()
     gx = [v for k, v in result["gx"]["steps"].items() if k.startswith("validate_")]
     result["gx_per_epoch_s"] = gx[0] if gx else None
     spark.stop()
@@ -116,8 +116,7 @@ def marginal_epoch_cost(work: Path, spark: Any, tag: str, validate: bool, epochs
                         reps: int = 3) -> dict[str, Any]:
     """What one more tiny epoch adds to a group: (wall of a group of ``epochs`` tiny epochs -
     wall of a group of one) / (epochs - 1), warm session, paired per repetition."""
-    from sluice import execution
-    from sluice.store import EpochLog
+    from sluice.store import EpochStore
 
     marginal = []
     for rep in range(reps):
@@ -127,11 +126,11 @@ def marginal_epoch_cost(work: Path, spark: Any, tag: str, validate: bool, epochs
             land_ysb(root / "landing", k, 20, malformed_fraction=0.0)
             spec = write_spec(root, ysb_spec_yaml(f"bench_marginal_{tag}_{rep}_{k}", root / "landing",
                                                   root / "campaign_views", epoch_files=1, k=k, validate=validate))
-            epoch_log = EpochLog(f"sqlite:///{root / 'sluice.db'}")
+            store = EpochStore(f"sqlite:///{root / 'sluice.db'}")
             t0 = time.perf_counter()
-            execution.run_once(spec, epoch_log, spark, epoch_size=1, k=k)
+            run_once(spec, store, spark, epoch_size=1, k=k)
             walls[k] = time.perf_counter() - t0
-            epoch_log.engine.dispose()
+            store.engine.dispose()
         marginal.append((walls[epochs] - walls[1]) / (epochs - 1))
     return stats(marginal, 3)
 
@@ -142,14 +141,14 @@ def _ts(value: str | None) -> float | None:
     return datetime.fromisoformat(value).timestamp() if value else None
 
 
-def group_breakdown(client: Any, dag_id: str, run_id: str, spec: Any, epoch_log: Any) -> dict[str, Any]:
+def group_breakdown(client: Any, dag_id: str, run_id: str, spec: Any, store: Any) -> dict[str, Any]:
     """Seconds of each step of one DAG run's group, from the task instances and the epoch log."""
     from tests.airflow import standalone
 
     tis = standalone.task_instances(client, dag_id, run_id)
     fired = standalone.xcom(client, dag_id, run_id, "wait_for_backlog")["fired_at"]
     planned = standalone.xcom(client, dag_id, run_id, "plan_group")
-    group = epoch_log.group(spec.name, planned["group_id"])
+    group = store.group(spec.name, planned["group_id"])
     epoch_s = [e.timings["epoch_s"] for e in group.epochs]
     # One commit per group: every epoch is committed at once and carries the group's wall time
     # (its epoch_s is a share of it); one commit per epoch: the first epoch started epoch_s[0]
@@ -185,7 +184,7 @@ def airflow_coordination(work: Path, mode: str, epoch_files: int, events_per_fil
     """Two DAG runs of a ``schedule: None`` pipeline, triggered through the REST API: k = 1,
     then the k at which coordination falls to 10 %."""
     from sluice.spec import get_spec
-    from sluice.store import EpochLog
+    from sluice.store import EpochStore
     from tests.airflow import standalone
 
     # What `make` exports, for a run without it: the server inherits this environment.
@@ -228,7 +227,7 @@ def airflow_coordination(work: Path, mode: str, epoch_files: int, events_per_fil
             standalone.wait_healthy(server, client, timeout=240)
             standalone.wait_for_dag(server, client, dag_id, timeout=180)
             standalone.set_paused(client, dag_id, False)
-            epoch_log = EpochLog()
+            store = EpochStore()
             groups = []
             meter = CpuMeter(find=lambda: [*standalone.marked_processes(server.marker), *server_tree()],
                              interval=0.5)
@@ -246,7 +245,7 @@ def airflow_coordination(work: Path, mode: str, epoch_files: int, events_per_fil
                 r.raise_for_status()
                 run_id = r.json()["dag_run_id"]
                 standalone.wait_for_run_state(server, client, dag_id, run_id, timeout=1800)
-                row = group_breakdown(client, dag_id, run_id, spec, epoch_log)
+                row = group_breakdown(client, dag_id, run_id, spec, store)
                 cpu, java = meter.sample() - cpu0, meter.by_name("java") - java0
                 row["cpu_s"] = {"all": round(cpu, 1), "spark_jvm": round(java, 1), "airflow_tasks": round(
                     cpu - java - idle_rate * (time.monotonic() - t0), 1), "server_idle_per_s": round(idle_rate, 3)}

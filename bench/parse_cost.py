@@ -42,13 +42,13 @@ def measure(work: Path, files: int, events_per_file: int, reps: int, share: floa
     from pyspark.sql import functions as F
 
     from sluice.sources import source_for
-    from sluice.store import EpochLog
+    from sluice.store import EpochStore
 
     landing = work / "landing"
     paths = land_ysb(landing, files, events_per_file)
     drifted = add_drift(paths, share)
     spark = session("sluice-bench-parse-cost")
-    log = EpochLog()
+    log = EpochStore()
     sources = {}
     for mode in MODES:
         raw = ysb_spec_yaml(f"parse_{mode}", landing, work / "tables" / mode)

@@ -1,4 +1,5 @@
 """Scheduling inside a group: concurrent epochs (A-scheduler) and skew-aware partitioning (Prompt).
+from sluice.protocol.run import run_once
 
     python -m bench.sched [--quick]
 
@@ -37,8 +38,7 @@ def oracle_views(paths: list[Path]) -> int:
 
 def run_group(spark: Any, work: Path, landing: Path, files: int, level: int | str, tag: str) -> tuple[float, Any]:
     """One group of ``files`` one-file epochs at a concurrency level; returns seconds and spec."""
-    from sluice import execution
-    from sluice.store import EpochLog
+    from sluice.store import EpochStore
 
     root = work / "runs" / tag
     raw = ysb_spec_yaml(f"bench_sched_{tag.replace('-', '_')}", landing, root / "view_events", epoch_files=1,
@@ -49,11 +49,11 @@ def run_group(spark: Any, work: Path, landing: Path, files: int, level: int | st
         raw["commit"] = "epoch"
         raw["control"]["concurrent_epochs"] = level
     spec = write_spec(root, raw)
-    epoch_log = EpochLog(f"sqlite:///{root / 'sluice.db'}")
+    store = EpochStore(f"sqlite:///{root / 'sluice.db'}")
     t0 = time.perf_counter()
-    execution.run_once(spec, epoch_log, spark, epoch_size=1, k=files)
+    run_once(spec, store, spark, epoch_size=1, k=files)
     elapsed = time.perf_counter() - t0
-    epoch_log.engine.dispose()
+    store.engine.dispose()
     return elapsed, spec
 
 
@@ -95,8 +95,7 @@ def concurrency(spark: Any, work: Path, files: int, per_file: int, reps: int) ->
 def auto_tuning(spark: Any, work: Path, groups: int, files: int, per_file: int) -> list[dict[str, Any]]:
     """Successive groups of one pipeline with ``concurrent_epochs: auto``: the level the
     controller picks for each, and the throughput it saw."""
-    from sluice import execution
-    from sluice.store import EpochLog
+    from sluice.store import EpochStore
 
     root = work / "auto"
     landing = root / "landing"
@@ -104,7 +103,7 @@ def auto_tuning(spark: Any, work: Path, groups: int, files: int, per_file: int) 
     raw["control"]["concurrent_epochs"] = "auto"
     raw["commit"] = "epoch"
     spec = write_spec(root, raw)
-    epoch_log = EpochLog(f"sqlite:///{root / 'sluice.db'}")
+    store = EpochStore(f"sqlite:///{root / 'sluice.db'}")
     rows = []
     for g in range(groups):
         if g == 0:
@@ -112,14 +111,14 @@ def auto_tuning(spark: Any, work: Path, groups: int, files: int, per_file: int) 
         else:
             _land_more(landing, files, per_file, g)
         t0 = time.perf_counter()
-        done = execution.run_once(spec, epoch_log, spark, epoch_size=1, k=files)
+        done = run_once(spec, store, spark, epoch_size=1, k=files)
         elapsed = time.perf_counter() - t0
         epochs = done[0]["group"]["epochs"]
         level = max(int(e["timings"].get("concurrency", 1)) for e in epochs)
         records = sum(e["rows"]["input"] for e in epochs)
         rows.append({"group": g, "level": level, "seconds": round(elapsed, 2), "rps": round(records / elapsed)})
         print(f"  auto group {g}: concurrency {level}, {records / elapsed:,.0f} records/s", flush=True)
-    epoch_log.engine.dispose()
+    store.engine.dispose()
     return rows
 
 

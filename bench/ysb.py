@@ -1,5 +1,6 @@
 """YSB throughput: a sluice group against Structured Streaming ``availableNow`` and against one
 plain Spark batch job, over the same files, in the same SparkSession, in the same run.
+from sluice.protocol.run import run_once
 
     python -m bench.ysb [--quick] [--files 16] [--events-per-file 40000] [--reps 3]
 
@@ -72,17 +73,16 @@ class Bench:
 
     # (a) ---------------------------------------------------------------------------------------
     def sluice(self, n: int) -> tuple[float, Any]:
-        from sluice import execution
-        from sluice.store import EpochLog
+        from sluice.store import EpochStore
 
         spec, root = self._spec("sluice", n)
-        epoch_log = EpochLog(f"sqlite:///{root / 'sluice.db'}")
+        store = EpochStore(f"sqlite:///{root / 'sluice.db'}")
         t0 = time.perf_counter()
-        done = execution.run_once(spec, epoch_log, self.spark, epoch_size=n, k=math.ceil(self.files / n))
+        done = run_once(spec, store, self.spark, epoch_size=n, k=math.ceil(self.files / n))
         elapsed = time.perf_counter() - t0
         epochs = [e for g in done for e in g["group"]["epochs"]]
         assert len(epochs) == math.ceil(self.files / n), f"sluice ran {len(epochs)} epochs"
-        epoch_log.engine.dispose()
+        store.engine.dispose()
         return elapsed, spec
 
     # (b) ---------------------------------------------------------------------------------------

@@ -1,5 +1,6 @@
 """YSB over Kafka: a sluice group against Structured Streaming ``availableNow`` on the same topic,
 with the same offsets per batch, in the same SparkSession, in the same run.
+from sluice.protocol.run import run_once
 
     python -m bench.ysb_kafka [--quick] [--records 320000] [--reps 2] [--sizes 16000,64000,160000]
 
@@ -165,26 +166,25 @@ class Bench:
 
     # (a) ---------------------------------------------------------------------------------------
     def sluice(self, r: int) -> tuple[float, Any]:
-        from sluice import execution
         from sluice.sources.kafka import KafkaSource
-        from sluice.store import EpochLog
+        from sluice.store import EpochStore
 
         spec, root = self._spec("sluice", r)
-        epoch_log = EpochLog(f"sqlite:///{root / 'sluice.db'}")
+        store = EpochStore(f"sqlite:///{root / 'sluice.db'}")
         timer = PhaseTimer()
         with timer.patched():
             t0 = time.perf_counter()
-            done = execution.run_once(spec, epoch_log, self.spark, epoch_size=spec.control.epoch_files,
+            done = run_once(spec, store, self.spark, epoch_size=spec.control.epoch_files,
                                       k=self.epochs(r))
             elapsed = time.perf_counter() - t0
         epochs = [e for g in done for e in g["group"]["epochs"]]
         assert len(done) == 1 and len(epochs) == self.epochs(r), f"sluice ran {len(epochs)} epochs"
-        source = KafkaSource(spec, epoch_log)
-        ranges = [source.describe(epoch_log.manifest(spec.name, e.start, e.end))["partitions"]
-                  for e in sorted(epoch_log.epochs(spec.name), key=lambda e: e.epoch_id)]
+        source = KafkaSource(spec, store)
+        ranges = [source.describe(store.manifest(spec.name, e.start, e.end))["partitions"]
+                  for e in sorted(store.epochs(spec.name), key=lambda e: e.epoch_id)]
         self.offsets[("sluice", r)].append(ranges)
         self.phases[r].append({k: round(v, 3) for k, v in timer.seconds.items()})
-        epoch_log.engine.dispose()
+        store.engine.dispose()
         return elapsed, spec
 
     # (b) ---------------------------------------------------------------------------------------

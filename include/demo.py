@@ -124,7 +124,7 @@ def kafka_broker(bootstrap: str) -> Iterator[None]:
 def run(demo: Input) -> int:
     from sluice.sources import source_for
     from sluice.spec import get_spec
-    from sluice.store import EpochLog
+    from sluice.store import EpochStore
 
     spec = get_spec(demo.pipeline)
     demo.land()
@@ -139,8 +139,8 @@ def run(demo: Input) -> int:
         print(bag.import_errors, file=sys.stderr)
         return 1
     dag = bag.dags[demo.pipeline]
-    epoch_log = EpochLog()
-    source = source_for(spec, epoch_log)
+    store = EpochStore()
+    source = source_for(spec, store)
     run = 0
     while (backlog := source.backlog()).files:
         run += 1
@@ -182,11 +182,11 @@ def run(demo: Input) -> int:
     spark.stop()  # before the summary, so Spark's shutdown lines do not follow it
 
     step("epoch log")
-    summary = epoch_log.summary(demo.pipeline)
+    summary = store.summary(demo.pipeline)
     sink = spec.sinks[0].name
     print(f"{'epoch':>5} {'group':>5} {demo.unit:>9} {'state':>10} {'input':>8} {'rejected':>8} {'version':>7} "
           f"{'seconds':>7}")
-    for e in epoch_log.epochs(demo.pipeline):
+    for e in store.epochs(demo.pipeline):
         print(f"{e.epoch_id:>5} {e.group_id:>5} {f'[{e.start},{e.end})':>9} {e.state:>10} {e.rows.get('input', 0):>8} "
               f"{e.rows.get('rejected', 0):>8} {e.delta_versions.get(sink)!s:>7} "
               f"{e.timings.get('epoch_s', 0):>7.2f}")

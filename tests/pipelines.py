@@ -74,14 +74,14 @@ def invalid_lines(paths: list[Path]) -> set[tuple[str, int]]:
 
 
 def rejected_lines(spark, spec: PipelineSpec) -> list[tuple[str, int]]:
-    from sluice.sinks.delta import is_delta_table
+    from sluice.delta.spark import SparkTables
 
-    if not is_delta_table(spark, spec.rejected_table):
+    if not SparkTables(spark).exists(spec.rejected_table):
         return []
     return [(r["file"], r["line"]) for r in spark.read.format("delta").load(spec.rejected_table).collect()]
 
 
-def assert_matches_oracle(spark, spec: PipelineSpec, epoch_log) -> None:
+def assert_matches_oracle(spark, spec: PipelineSpec, store) -> None:
     """The table equals the oracle from the raw files, every bad line is rejected exactly once,
     and the epoch log is contiguous and covers every landed file."""
     paths = landed(spec)
@@ -94,5 +94,5 @@ def assert_matches_oracle(spark, spec: PipelineSpec, epoch_log) -> None:
     rejected = rejected_lines(spark, spec)
     assert len(rejected) == len(set(rejected)), f"{spec.name}: a rejected record was written twice"
     assert set(rejected) == invalid_lines(paths), f"{spec.name}: rejected records differ from the oracle"
-    summary = epoch_log.summary(spec.name)  # raises on a gap or an overlap
+    summary = store.summary(spec.name)  # raises on a gap or an overlap
     assert summary["offsets"] == [0, len(paths)], f"{spec.name}: epochs cover {summary['offsets']}, not all files"

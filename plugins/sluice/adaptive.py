@@ -20,7 +20,7 @@ from sluice.control.epoch_size import EpochSizeConfig
 from sluice.control.group_size import GroupSizeConfig
 from sluice.control.planner import MemorySample, deadline_plan
 from sluice.spec import PipelineSpec
-from sluice.store import Epoch, EpochLog, Group
+from sluice.store import Epoch, EpochStore, Group
 
 log = logging.getLogger("sluice.adaptive")
 
@@ -96,8 +96,8 @@ class Verdict:
                 "started": self.started.as_record()}
 
 
-def load_state(spec: PipelineSpec, epoch_log: EpochLog) -> ControlState:
-    raw = epoch_log.control_state(spec.name)
+def load_state(spec: PipelineSpec, store: EpochStore) -> ControlState:
+    raw = store.control_state(spec.name)
     if raw:
         try:
             return ControlState.from_dict(raw)
@@ -108,26 +108,26 @@ def load_state(spec: PipelineSpec, epoch_log: EpochLog) -> ControlState:
                             GroupSizeConfig(k0=min(c.group_epochs, c.max_group_epochs), k_max=c.max_group_epochs))
 
 
-def _per_file(spec: PipelineSpec, epoch_log: EpochLog, value: Callable[[Epoch], float | None],
+def _per_file(spec: PipelineSpec, store: EpochStore, value: Callable[[Epoch], float | None],
               last: int) -> float | None:
     """``value`` per source file over the last ``last`` epochs that have one (``None``: none)."""
-    measured = [(e.end - e.start, v) for e in epoch_log.epochs(spec.name) if (v := value(e)) is not None][-last:]
+    measured = [(e.end - e.start, v) for e in store.epochs(spec.name) if (v := value(e)) is not None][-last:]
     files = sum(n for n, _ in measured)
     return sum(v for _, v in measured) / files if files else None
 
 
-def records_per_file(spec: PipelineSpec, epoch_log: EpochLog, last: int = 20) -> float | None:
+def records_per_file(spec: PipelineSpec, store: EpochStore, last: int = 20) -> float | None:
     """Input records per source file over the last epochs that read any."""
-    return _per_file(spec, epoch_log, lambda e: e.rows.get("input") or None, last)
+    return _per_file(spec, store, lambda e: e.rows.get("input") or None, last)
 
 
-def seconds_per_file(spec: PipelineSpec, epoch_log: EpochLog, last: int = 20) -> float | None:
+def seconds_per_file(spec: PipelineSpec, store: EpochStore, last: int = 20) -> float | None:
     """Processing seconds per source file over the last published epochs (``None``: none yet)."""
-    return _per_file(spec, epoch_log, lambda e: float(e.timings["epoch_s"])
+    return _per_file(spec, store, lambda e: float(e.timings["epoch_s"])
                      if e.state == protocol.PUBLISHED and e.timings.get("epoch_s") is not None else None, last)
 
 
-def arrival_rates(spec: PipelineSpec, epoch_log: EpochLog, mtimes: list[float],
+def arrival_rates(spec: PipelineSpec, store: EpochStore, mtimes: list[float],
                   now: float | None = None) -> tuple[float, float]:
     """``(records/s, files/s)`` landing lately: files whose mtime is within the window, the
     window being at least ``RATE_WINDOW_S`` and at least four poll intervals."""
@@ -139,7 +139,7 @@ def arrival_rates(spec: PipelineSpec, epoch_log: EpochLog, mtimes: list[float],
     # Arrivals that began within the window are measured over the time since they began.
     span = window if len(recent) < len(mtimes) else max(now - min(recent), spec.control.poll_interval_s, 1.0)
     file_rate = len(recent) / span
-    per_file = records_per_file(spec, epoch_log) or 1.0
+    per_file = records_per_file(spec, store) or 1.0
     return file_rate * per_file, file_rate
 
 
@@ -153,15 +153,15 @@ def arrivals_paused(spec: PipelineSpec, mtimes: list[float], file_rate: float, n
     return now - max(mtimes) > max(PAUSE_GAPS / file_rate, 2 * spec.control.poll_interval_s)
 
 
-def decide(spec: PipelineSpec, epoch_log: EpochLog, backlog_files: int, oldest_age_s: float | None,
+def decide(spec: PipelineSpec, store: EpochStore, backlog_files: int, oldest_age_s: float | None,
            mtimes: list[float], *, continuous: bool = True) -> Verdict:
     """Plan the next group and say whether to start it now. Under ``control.objective: latency``
     the backlog makes the planned group whole ("efficient group"), or waiting longer would break
     the freshness SLA ("freshness"); under ``cost`` only the SLA (or a backlog that fills the
     largest group) starts it, and it takes the whole backlog (``deadline_plan``). A scheduled
     (cron) run takes whatever is there ("scheduled")."""
-    rate_rps, file_rate = arrival_rates(spec, epoch_log, mtimes)
-    state = load_state(spec, epoch_log)
+    rate_rps, file_rate = arrival_rates(spec, store, mtimes)
+    state = load_state(spec, store)
     decision = plan_next(state, Observation(rate_rps, file_rate, backlog_files))
     fire: str | None = None
     if not spec.control.adaptive:
@@ -171,15 +171,15 @@ def decide(spec: PipelineSpec, epoch_log: EpochLog, backlog_files: int, oldest_a
                             "fixed sizes (control.adaptive: false)", wall)
         fire = fire_reason(decision, backlog_files, oldest_age_s or 0.0, spec.control.freshness_sla_s)
     elif spec.control.objective == "cost":
-        largest = max_epoch_files(spec, epoch_log, state)
+        largest = max_epoch_files(spec, store, state)
         decision, fire = deadline_plan(
             backlog_files, oldest_age_s or 0.0, spec.control.freshness_sla_s, max_epoch_files=largest,
             max_k=min(spec.control.max_group_epochs, state.epoch.epochs_in_memory(largest, largest)),
             partitions=decision.partitions, coordination_s=state.group.coordination_s,
-            seconds_per_file=seconds_per_file(spec, epoch_log),
+            seconds_per_file=seconds_per_file(spec, store),
             lead_s=spec.control.poll_interval_s + state.epoch.config.margin_s)
     elif backlog_files > 0 and (rate_rps == 0 or arrivals_paused(spec, mtimes, file_rate)):
-        decision = drain_decision(spec, epoch_log, state, backlog_files, decision)
+        decision = drain_decision(spec, store, state, backlog_files, decision)
         fire = "drain"  # the group is the whole backlog, and waiting adds nothing to it
     else:
         fire = fire_reason(decision, backlog_files, oldest_age_s or 0.0, spec.control.freshness_sla_s)
@@ -190,18 +190,18 @@ def decide(spec: PipelineSpec, epoch_log: EpochLog, backlog_files: int, oldest_a
     return Verdict(decision, fire, rate_rps, file_rate, started)
 
 
-def max_epoch_files(spec: PipelineSpec, epoch_log: EpochLog, state: ControlState) -> int:
+def max_epoch_files(spec: PipelineSpec, store: EpochStore, state: ControlState) -> int:
     """The largest epoch the memory budget allows, in files at the recent records per file
     (the spec's ``epoch_files`` until a file has been measured)."""
-    per_file = records_per_file(spec, epoch_log)
+    per_file = records_per_file(spec, store)
     return max(1, int(state.epoch.max_records() / per_file)) if per_file else spec.control.epoch_files
 
 
-def drain_decision(spec: PipelineSpec, epoch_log: EpochLog, state: ControlState, backlog_files: int,
+def drain_decision(spec: PipelineSpec, store: EpochStore, state: ControlState, backlog_files: int,
                    idle: Decision) -> Decision:
     """Nothing arrives any more (or arrivals paused) but a backlog waits: one group for all of
     it, in epochs as large as the memory budget allows (no arrival rate to size them against)."""
-    largest = max_epoch_files(spec, epoch_log, state)
+    largest = max_epoch_files(spec, store, state)
     epoch_size = min(backlog_files, largest)
     k = min(math.ceil(backlog_files / epoch_size), spec.control.max_group_epochs,
             state.epoch.epochs_in_memory(epoch_size, largest))
@@ -209,7 +209,7 @@ def drain_decision(spec: PipelineSpec, epoch_log: EpochLog, state: ControlState,
                     idle.predicted_wall_s)
 
 
-def record_group(spec: PipelineSpec, epoch_log: EpochLog, group: Group, now: float | None = None) -> str | None:
+def record_group(spec: PipelineSpec, store: EpochStore, group: Group, now: float | None = None) -> str | None:
     """Teach the controllers what a published group measured; persists their state. Groups
     that recomputed old ranges (recovery, rollback) say nothing about the current rate."""
     plan = group.plan
@@ -220,7 +220,7 @@ def record_group(spec: PipelineSpec, epoch_log: EpochLog, group: Group, now: flo
     started = plan.get("fired_at")
     epoch_s = [float(e.timings["epoch_s"]) for e in epochs]
     wall = max(now - started, sum(epoch_s)) if started else sum(epoch_s)
-    state = load_state(spec, epoch_log)
+    state = load_state(spec, store)
     records = [e.rows.get("input") for e in epochs]
     result = GroupResult(group_id=group.group_id, epoch_files=tuple(e.end - e.start for e in epochs),
                          epoch_s=tuple(epoch_s), coordination_s=wall - sum(epoch_s),
@@ -231,7 +231,7 @@ def record_group(spec: PipelineSpec, epoch_log: EpochLog, group: Group, now: flo
                          memory=memory_samples(epochs))
     note = state.record(result)
     # Keep what else the store holds for the pipeline (the concurrency controller's state).
-    epoch_log.save_control_state(spec.name, {**(epoch_log.control_state(spec.name) or {}), **state.to_dict()})
+    store.save_control_state(spec.name, {**(store.control_state(spec.name) or {}), **state.to_dict()})
     log.info("pipeline %s: group %s wall %.1f s, coordination %.1f s (%.0f%%): %s", spec.name, group.group_id,
              wall, result.coordination_s, 100 * result.coordination_s / wall if wall else 0, note)
     return note
@@ -256,10 +256,10 @@ def memory_samples(epochs: list[Epoch]) -> tuple[MemorySample, ...]:
     return tuple(samples)
 
 
-def _concurrency_controller(spec: PipelineSpec, epoch_log: EpochLog) -> Any:
+def _concurrency_controller(spec: PipelineSpec, store: EpochStore) -> Any:
     from sluice.control.concurrency import ConcurrencyConfig, ConcurrencyController
 
-    raw = (epoch_log.control_state(spec.name) or {}).get("concurrency")
+    raw = (store.control_state(spec.name) or {}).get("concurrency")
     config = ConcurrencyConfig(max_level=spec.control.max_concurrent_epochs, latency_sla_s=spec.control.freshness_sla_s)
     if raw:
         try:
@@ -271,7 +271,7 @@ def _concurrency_controller(spec: PipelineSpec, epoch_log: EpochLog) -> Any:
     return ConcurrencyController(config)
 
 
-def concurrency_level(spec: PipelineSpec, epoch_log: EpochLog) -> int:
+def concurrency_level(spec: PipelineSpec, store: EpochStore) -> int:
     """Epochs of the next group to compute at once: 1 when epochs depend on each other
     (a merge into state), the spec's number, or (``auto``) the hill climber's next level."""
     setting = spec.control.concurrent_epochs
@@ -279,16 +279,16 @@ def concurrency_level(spec: PipelineSpec, epoch_log: EpochLog) -> int:
         return 1
     if setting != "auto":
         return int(setting)
-    return _concurrency_controller(spec, epoch_log).next_level()
+    return _concurrency_controller(spec, store).next_level()
 
 
-def record_concurrency(spec: PipelineSpec, epoch_log: EpochLog, level: int, records: int, wall_s: float) -> None:
+def record_concurrency(spec: PipelineSpec, store: EpochStore, level: int, records: int, wall_s: float) -> None:
     """Teach the concurrency controller a group's throughput and wall time at ``level``."""
     if spec.control.concurrent_epochs != "auto" or not spec.independent_epochs or wall_s <= 0 or records <= 0:
         return
-    controller = _concurrency_controller(spec, epoch_log)
+    controller = _concurrency_controller(spec, store)
     controller.observe(level, records / wall_s, wall_s)
-    epoch_log.save_control_state(spec.name, {**(epoch_log.control_state(spec.name) or {}),
+    store.save_control_state(spec.name, {**(store.control_state(spec.name) or {}),
                                              "concurrency": controller.to_dict()})
     log.info("pipeline %s: %d epochs at once gave %.0f records/s; next level %d", spec.name, level,
              records / wall_s, controller.next_level())

@@ -32,7 +32,7 @@ from sluice.errors import SluiceError
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-    from sluice.store import EpochLog
+    from sluice.store import EpochStore
 
 VERBOSE_HELP = "log libraries' INFO lines too (Great Expectations, py4j; also SLUICE_LOG_LEVEL=DEBUG)"
 
@@ -56,17 +56,18 @@ raise_spec_errors()
 }
 
 
-def _store(args: argparse.Namespace) -> EpochLog:
-    from sluice.store import EpochLog
+def _store(args: argparse.Namespace) -> EpochStore:
+    from sluice.store import EpochStore
 
-    return EpochLog(args.store_url or os.environ.get("SLUICE_STORE_URL"))
+    return EpochStore(args.store_url or os.environ.get("SLUICE_STORE_URL"))
 
 
 def run_group(args: argparse.Namespace) -> Any:
     """One run-once Spark application: the group ``--owner`` planned, or (``--plan``) plan it
     under a lease of its own first, then publish. The same code under spark-submit and in-process."""
-    from sluice import execution
     from sluice.logs import configure_job
+    from sluice.protocol.run import PipelineRun, cli_owner
+    from sluice.protocol.runtime import Runtime
     from sluice.spark import get_session
     from sluice.spec import get_spec
 
@@ -74,30 +75,31 @@ def run_group(args: argparse.Namespace) -> Any:
         raise SluiceError("give exactly one of --group or --plan")
     configure_job(args.verbose)
     spec = get_spec(args.pipeline)
-    epoch_log = _store(args)
+    store = _store(args)
 
     def spark() -> SparkSession:
         return get_session(f"sluice-{spec.name}", extra_conf=spec.spark.conf)
 
-    if args.plan:  # plan first: a busy or idle pipeline is reported before a JVM starts
-        return execution.run_once(spec, epoch_log, spark, owner=args.owner, epoch_size=args.epoch_size, k=args.k,
-                                  drain=args.drain, extra=args.plan_extra)
+    # Spark starts once a group is planned: a busy or idle pipeline is reported before a JVM starts.
+    run = PipelineRun(spec, store, args.owner or cli_owner(), Runtime.spark(spark))
+    if args.plan:
+        return run.run_once(epoch_size=args.epoch_size, k=args.k, drain=args.drain, extra=args.plan_extra)
     group_id = None if args.group in ("None", "") else int(args.group)
-    return execution.run(spec, epoch_log, args.owner or execution.cli_owner(), group_id, spark())
+    return run.process(group_id)
 
 
 def skip_file(args: argparse.Namespace) -> Any:
     """Skip a file that is gone or unreadable, on purpose and recorded (who, when, why). The epoch
     holding it reads around it from now on; failed epochs holding it get fresh attempts. No Spark."""
-    from sluice import execution
+    from sluice.protocol.operations import skip_file as skip
     from sluice.spec import get_spec
 
     spec = get_spec(args.pipeline)
-    epoch_log = _store(args)
+    store = _store(args)
     try:
-        return execution.skip_file(spec, epoch_log, args.file, by=args.by or f"cli:{_user()}", reason=args.reason)
+        return skip(spec, store, args.file, by=args.by or f"cli:{_user()}", reason=args.reason)
     finally:
-        epoch_log.close()
+        store.close()
 
 
 def _user() -> str:
@@ -111,18 +113,20 @@ def rebuild_store(args: argparse.Namespace) -> Any:
     """Rebuild a lost epoch store from the JSON epoch records next to a pipeline's tables; what
     the tables hold beyond the last published epoch is rolled back, so the next run recomputes it.
     Refuses a store that already holds the pipeline."""
-    from sluice import execution
     from sluice.logs import configure_job
+    from sluice.protocol.operations import rebuild_store as rebuild
+    from sluice.protocol.run import cli_owner
+    from sluice.protocol.runtime import Runtime
     from sluice.spark import get_session
     from sluice.spec import get_spec
 
     configure_job(args.verbose)
     spec = get_spec(args.pipeline)
-    spark = get_session(f"sluice-rebuild-{spec.name}", extra_conf=spec.spark.conf)
+    runtime = Runtime.spark(lambda: get_session(f"sluice-rebuild-{spec.name}", extra_conf=spec.spark.conf), stop=True)
     try:
-        return execution.rebuild_store(spec, _store(args), spark, execution.cli_owner())
+        return rebuild(spec, _store(args), runtime, cli_owner())
     finally:
-        spark.stop()
+        runtime.close()
 
 
 def _trigger(dag_id: str, conf: dict[str, Any]) -> Any:

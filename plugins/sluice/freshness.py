@@ -15,7 +15,7 @@ from sluice import protocol
 if TYPE_CHECKING:
     from sluice.sources import Backlog
     from sluice.spec import PipelineSpec
-    from sluice.store import Epoch, EpochLog
+    from sluice.store import Epoch, EpochStore
 
 BREACHED, RECOVERED = "breached", "recovered"
 
@@ -35,20 +35,20 @@ class Freshness:
                 "sla_s": self.sla_s, "breached": self.breached}
 
 
-def unpublished_arrivals(spec: PipelineSpec, log: EpochLog) -> list[float]:
+def unpublished_arrivals(spec: PipelineSpec, store: EpochStore) -> list[float]:
     """When the data of the current generation's unpublished epochs arrived (entries skipped on
     purpose excluded)."""
-    waiting = [e for e in log.epochs(spec.name) if e.state in protocol.UNPUBLISHED]
+    waiting = [e for e in store.epochs(spec.name) if e.state in protocol.UNPUBLISHED]
     if not waiting:
         return []
-    entries = log.manifest(spec.name, min(e.start for e in waiting), max(e.end for e in waiting))
+    entries = store.manifest(spec.name, min(e.start for e in waiting), max(e.end for e in waiting))
     spans = [(e.start, e.end) for e in waiting]
     return [f.mtime for f in entries if f.skipped is None and any(a <= f.position < b for a, b in spans)]
 
 
-def measure(spec: PipelineSpec, log: EpochLog, backlog: Backlog, now: float | None = None) -> Freshness:
+def measure(spec: PipelineSpec, store: EpochStore, backlog: Backlog, now: float | None = None) -> Freshness:
     now = time.time() if now is None else now
-    oldest = unpublished_arrivals(spec, log)
+    oldest = unpublished_arrivals(spec, store)
     if backlog.oldest_age_s is not None:
         oldest.append(now - backlog.oldest_age_s)
     age = max(0.0, now - min(oldest)) if oldest else None

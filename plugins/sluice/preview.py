@@ -1,7 +1,7 @@
 """The shadow rollback preview: what a rollback with recompute would leave in each table, computed
 before anything is restored.
 
-1. Plan the rollback exactly as ``execution.rollback`` does (a rollback into a group commit goes
+1. Plan the rollback exactly as ``operations.rollback`` does (a rollback into a group commit goes
    back to the group's first epoch) and check its preconditions; a refused rollback is reported,
    with nothing computed.
 2. Per sink, copy the table as it was before the rolled-back epochs (the version the rollback
@@ -33,7 +33,7 @@ from pyspark.sql import DataFrame, SparkSession
 from sluice.errors import SluiceError
 from sluice.paths import data_dir
 from sluice.spec import PipelineSpec, SinkSpec
-from sluice.store import EpochLog
+from sluice.store import EpochStore
 
 log = logging.getLogger(__name__)
 
@@ -103,24 +103,28 @@ def saved_previews(pipeline: str) -> list[dict[str, Any]]:
     return sorted(found, key=lambda p: p.get("created_at", 0), reverse=True)
 
 
-def shadow_preview(spec: PipelineSpec, epoch_log: EpochLog, spark: SparkSession, to_epoch: int,
+def shadow_preview(spec: PipelineSpec, store: EpochStore, spark: SparkSession, to_epoch: int,
                    preview_id: str | None = None) -> ShadowPreview:
     """Steps 1-4 of the module's story; the report is saved and returned."""
-    from sluice import execution
-    from sluice.runner import GroupRunner, epoch_range
-    from sluice.sinks.delta import is_delta_table, table_version
+    from sluice.compute import SparkCompute
+    from sluice.delta.spark import SparkTables
+    from sluice.protocol import operations
+    from sluice.protocol.runtime import Runtime
+    from sluice.protocol.tables import PipelineTable
 
     started = time.monotonic()
-    report = ShadowPreview(spec.name, preview_id or time.strftime("%Y%m%dT%H%M%S") + "-" + uuid.uuid4().hex[:6],
-                           to_epoch, time.time())
+    report = ShadowPreview(spec.name, safe_id(preview_id or time.strftime("%Y%m%dT%H%M%S") + "-"
+                                              + uuid.uuid4().hex[:6]), to_epoch, time.time())
     folder = previews_dir(spec.name) / report.preview_id
+    tables = SparkTables(spark)
+    runtime = Runtime(tables, lambda s, st, t: SparkCompute(s, st, spark, tables))
     try:
         # 1. The rollback's plan and preconditions.
         try:
-            plan, shared = execution.group_rollback_plan(epoch_log, spec.name, to_epoch)
+            plan, shared = operations.group_rollback_plan(store, spec.name, to_epoch)
             if shared:
-                report.notes.append(execution.shared_commit_note(shared, to_epoch))
-            execution.check_preconditions(spec, epoch_log, spark, plan)
+                report.notes.append(operations.shared_commit_note(shared, to_epoch))
+            operations.check_preconditions(spec, store, runtime, plan)
         except SluiceError as exc:  # a refused rollback (RollbackRefusedError) or no such epoch
             report.problems.append(str(exc))
             return report
@@ -138,16 +142,15 @@ def shadow_preview(spec: PipelineSpec, epoch_log: EpochLog, spark: SparkSession,
         restored: dict[str, int] = {}
         published: dict[str, int | None] = {}
         for sink, copy in zip(spec.sinks, shadow.sinks, strict=True):
-            published[sink.name] = table_version(spark, sink.path) if is_delta_table(spark, sink.path) else None
-            restored[sink.name] = execution.restore_target(plan, [sink.name])
+            published[sink.name] = tables.version(sink.path)
+            restored[sink.name] = operations.restore_target(plan, [sink.name])
             if published[sink.name] is not None:
                 writer = (spark.read.format("delta").option("versionAsOf", restored[sink.name]).load(sink.path)
                           .write.format("delta"))
                 (writer.partitionBy(*sink.partition_by) if sink.partition_by else writer).save(copy.path)
 
         # 3. The recompute, with the current code, into the shadow tables.
-        runner = GroupRunner(shadow, epoch_log, spark)
-        prepared = runner.prepare_group(epochs)
+        prepared = SparkCompute(shadow, store, spark, tables).prepare_group(epochs)
         try:
             if prepared.failed is not None:
                 failed = prepared.results.get(prepared.failed.epoch_id, {})
@@ -157,11 +160,12 @@ def shadow_preview(spec: PipelineSpec, epoch_log: EpochLog, spark: SparkSession,
                 report.notes.append(f"epoch {prepared.failed.epoch_id} fails validation with the current code: "
                                     "under policy fail the recompute stops there (the shadow holds the epochs "
                                     "before it)")
-            ranges = [epoch_range(e) for e in prepared.committing]
-            for sink in runner.sinks:
-                frame = prepared.outputs.get(sink.spec.name)
+            ranges = [e.range for e in prepared.committing]
+            for sink in shadow.sinks:
+                frame = prepared.outputs.get(sink.name)
                 if frame is not None and ranges:
-                    sink.write(spark, frame, epochs=ranges, generation=plan.generation + 1, token=1)
+                    PipelineTable(shadow.name, sink, shadow.partitioning).write(
+                        tables, frame, epochs=ranges, generation=plan.generation + 1, token=1)
             report.rejected = {
                 "published": sum(e.rows.get("rejected", 0) for e in epochs),
                 "recomputed": sum(prepared.n_rejected.get(e.epoch_id, 0) for e in prepared.committing)}
@@ -170,8 +174,7 @@ def shadow_preview(spec: PipelineSpec, epoch_log: EpochLog, spark: SparkSession,
 
         # 4. The differences.
         for sink, copy in zip(spec.sinks, shadow.sinks, strict=True):
-            shadow_frame = (spark.read.format("delta").load(copy.path) if is_delta_table(spark, copy.path)
-                            else None)
+            shadow_frame = spark.read.format("delta").load(copy.path) if tables.exists(copy.path) else None
             version = published[sink.name]
             published_frame = (spark.read.format("delta").option("versionAsOf", version).load(sink.path)
                                if version is not None else None)
@@ -181,6 +184,14 @@ def shadow_preview(spec: PipelineSpec, epoch_log: EpochLog, spark: SparkSession,
     finally:
         report.seconds = round(time.monotonic() - started, 3)
         _save(report, folder)
+
+
+def safe_id(preview_id: str) -> str:
+    """A preview id usable as one folder name: an Airflow run id may hold ``:``, ``+``, ``/``
+    or ``..``; only letters, digits, ``-`` and ``_`` are kept (the others become ``_``)."""
+    import re
+
+    return re.sub(r"[^A-Za-z0-9_-]", "_", preview_id)[:200] or "preview"
 
 
 def shadow_spec(spec: PipelineSpec, folder: Path) -> PipelineSpec:

@@ -177,7 +177,11 @@ class ControlSpec(_Strict):
                                                                 "before it is skipped (the next run waits again)")
     lease_ttl_s: float = Field(600, gt=0, description="the pipeline's lease expires this long after its last "
                                                       "renewal (renewed every third of it while a group runs)")
-    max_attempts: int = Field(3, ge=1, description="an epoch failing this often halts the pipeline")
+    max_attempts: int = Field(3, ge=1, description="an epoch failing this often (an error recorded each time: a "
+                                                   "poison record, a bug) halts the pipeline")
+    max_crashes: int = Field(10, ge=1, description="an epoch whose Spark driver dies this often without a word "
+                                                   "(killed, out of memory, its machine lost) halts the pipeline; "
+                                                   "counted apart from max_attempts")
     optimize_every_groups: int = Field(0, ge=0, description="OPTIMIZE (compact) the sinks every N groups; 0: never")
     concurrent_epochs: int | Literal["auto"] = Field(
         "auto", description="epochs of a group computed at once (A-scheduler), for pipelines whose sinks all "

@@ -16,7 +16,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sluice.store import EpochLog
+from sluice.protocol.leases import acquire_lease
+from sluice.protocol.planning import plan_group
+from sluice.store import EpochStore
 from tests.airflow import standalone
 from tests.pipelines import make_pipeline
 
@@ -65,12 +67,12 @@ def _up(client: httpx.Client) -> bool:
 def test_every_route_needs_a_user_with_read_access_to_the_pipeline_dag(api):
     server, tokens = api
     spec = make_pipeline("auth_probe")
-    log = EpochLog()
+    log = EpochStore()
     landed = spec.landing_dir / "a.json"
     landed.write_text("{}\n")
-    lease = log.acquire_lease(spec.name, "t")
+    lease = acquire_lease(log, spec.name, "t")
     log.register_files(spec.name, [(str(landed), landed.stat().st_size, landed.stat().st_mtime)])
-    log.plan_group(lease, epoch_size=1, k=1)
+    plan_group(log, lease, epoch_size=1, k=1)
     (spec.landing_dir / "b.json").write_text("{}\n")
     log.close()
 

@@ -19,10 +19,11 @@ import httpx
 import pytest
 
 from include.generators.ysb import expected_window_counts
-from sluice import execution, protocol
+from sluice import protocol
 from sluice.paths import project_root
+from sluice.protocol.run import run_once
 from sluice.spec import PipelineSpec
-from sluice.store import EpochLog
+from sluice.store import EpochStore
 from tests.airflow import standalone
 from tests.pipelines import assert_matches_oracle, land, landed, make_pipeline
 
@@ -40,9 +41,9 @@ def ran(spark) -> Iterator[PipelineSpec]:
     """A pipeline that ran before the server starts: six files, three epochs in two groups."""
     spec = make_pipeline(NAME, **{"spark.mode": "in_process", "control.epoch_files": 2, "control.group_epochs": 2})
     land(spec, files=6, seed=41, malformed_fraction=0.02)
-    log = EpochLog()
+    log = EpochStore()
     try:
-        execution.run_once(spec, log, spark, drain=True)
+        run_once(spec, log, spark, drain=True)
         assert [(e.epoch_id, e.state) for e in log.epochs(NAME)] == [(i, protocol.PUBLISHED) for i in range(3)]
     finally:
         log.close()
@@ -176,7 +177,7 @@ def test_the_console_shows_a_pipeline_and_rolls_it_back(ran, server, browser, sp
 
     # The pipeline's tab: the epoch table and the plots show what the store holds.
     open_tab(driver, f"{url}/dags/{NAME}/plugin/sluice-epochs")
-    log = EpochLog()
+    log = EpochStore()
     epochs = log.epochs(NAME)
     shown = live_rows(driver)
     assert sorted(shown) == [e.epoch_id for e in epochs], shown
@@ -271,7 +272,7 @@ def test_the_console_shows_a_pipeline_and_rolls_it_back(ran, server, browser, sp
     failure = "\n".join(p.read_text(errors="replace") for p in
                         (login.server.home / "logs" / "dag_id=sluice_rollback" / f"run_id={own}").rglob("*.log*"))
     assert f"approved by '{USER}', who asked for it" in failure, failure[-2000:]
-    log = EpochLog()
+    log = EpochStore()
     assert log.generation(NAME) == 1 and not log.pending_rollback(NAME)
     log.close()
 

@@ -6,9 +6,10 @@ from __future__ import annotations
 import pytest
 
 from include.generators.ysb import parse_valid
-from sluice import execution, protocol
+from sluice import protocol
+from sluice.protocol.run import PipelineRun
 from sluice.spec import get_spec
-from sluice.store import EpochLog
+from sluice.store import EpochStore
 from tests.pipelines import assert_matches_oracle, land, landed, make_pipeline
 
 
@@ -86,7 +87,7 @@ def test_dag_test_runs_one_group_per_dag_run(mode, spark):
         assert dr.state == "success", runs[-1]
         assert runs[-1]["checkpoint"] == "success", runs[-1]
         assert runs[-1]["more_to_drain"] == "success" and runs[-1]["drain_again"] == "skipped", runs[-1]
-    log = EpochLog()
+    log = EpochStore()
     epochs = log.epochs(name)
     assert [e.group_id for e in epochs] == [0, 0, 1]  # the second run planned the last 2 files
     assert {e.state for e in epochs} == {protocol.PUBLISHED}
@@ -101,9 +102,9 @@ def test_params_override_epoch_size_and_k(spark):
     land(spec, files=5)
     dr = dagbag().dags.get(spec.name).test(run_conf={"epoch_size": 1, "k": 5})
     assert dr.state == "success"
-    epochs = EpochLog().epochs(spec.name)
+    epochs = EpochStore().epochs(spec.name)
     assert [(e.start, e.end) for e in epochs] == [(i, i + 1) for i in range(5)]
-    assert_matches_oracle(spark, spec, EpochLog())
+    assert_matches_oracle(spark, spec, EpochStore())
 
 
 def test_drain_triggers_the_next_group_run_with_the_same_conf(spark):
@@ -120,7 +121,7 @@ def test_drain_triggers_the_next_group_run_with_the_same_conf(spark):
         runs = session.query(DagRun).filter(DagRun.dag_id == spec.name).all()
         triggered = [r for r in runs if r.run_id != dr.run_id]
         assert len(triggered) == 1 and triggered[0].conf == {"drain": True, "epoch_size": 1, "k": None}
-    epochs = EpochLog().epochs(spec.name)
+    epochs = EpochStore().epochs(spec.name)
     assert [(e.start, e.end) for e in epochs] == [(0, 1)], "one group of k=1 epoch of 1 file per DAG run"
 
 
@@ -128,7 +129,7 @@ def test_sluice_skip_file_dag_records_who_when_why():
     """No Spark: the skip is recorded with this DAG run as who, and unpaused from the start."""
     spec = make_pipeline("dag_skip_file")
     path = land(spec, files=1)[0]
-    log = EpochLog()
+    log = EpochStore()
     log.register_files(spec.name, [(str(path), path.stat().st_size, path.stat().st_mtime)])
     dag = dagbag().dags.get("sluice_skip_file")
     assert dag.is_paused_upon_creation is False and "take_over" not in dag.params
@@ -159,7 +160,7 @@ def test_halted_pipeline_then_sluice_rollback_and_sluice_recover_dags(spark):
     `sluice_recover` on the still-broken code fails again; `sluice_rollback` with the fixed
     code rolls back to the bad epoch and recomputes it: the table equals the oracle."""
     from sluice.errors import PipelineHaltedError
-    from sluice.store import EpochLog
+    from sluice.store import EpochStore
 
     overrides = {"spark.mode": "in_process", "control.epoch_files": 2, "control.group_epochs": 1}
     name = "dagtest_operations"
@@ -172,10 +173,10 @@ def test_halted_pipeline_then_sluice_rollback_and_sluice_recover_dags(spark):
     states = {ti.task_id: ti.state for ti in dr.get_task_instances()}
     assert states["run_group"] == "success" and states["validate"] == "failed", states
     assert states["checkpoint"] == "upstream_failed", states
-    log = EpochLog()
+    log = EpochStore()
     assert log.lease_holder(name) is None, "a failed run gives its lease up"
     with pytest.raises(PipelineHaltedError):
-        execution.plan(spec, log, "probe")
+        PipelineRun(spec, log, "probe").plan()
     dr = bag.dags["sluice_recover"].test(run_conf={"pipeline": name})
     assert {ti.task_id: ti.state for ti in dr.get_task_instances()}["validate"] == "failed"
 

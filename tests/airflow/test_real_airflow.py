@@ -33,7 +33,7 @@ from sqlalchemy import make_url
 
 from sluice import protocol
 from sluice.spec import PipelineSpec
-from sluice.store import EpochLog
+from sluice.store import EpochStore
 from tests.airflow import standalone
 from tests.pipelines import assert_matches_oracle, land, make_pipeline
 
@@ -87,7 +87,7 @@ def pipelines() -> tuple[PipelineSpec, PipelineSpec, PipelineSpec]:
 @pytest.fixture(scope="module")
 def databases(postgres) -> Iterator[dict[str, str]]:
     """This module's Airflow metadata database and epoch store, on Postgres; the test's own
-    reads of the store (``EpochLog()``) go there too."""
+    reads of the store (``EpochStore()``) go there too."""
     urls = {"AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": postgres.database(owner="airflow"),
             "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
             "SLUICE_STORE_URL": postgres.database()}
@@ -217,7 +217,7 @@ def test_pipelines_run_under_airflow_standalone(pipelines, server, spark):
 
         # 2. Meanwhile the cron pipeline (data landed beforehand; Spark inside the worker task)
         #    runs on its schedule. The continuous sensor waits all along, holding no worker slot.
-        log = EpochLog()
+        log = EpochStore()
         if WITH_CRON:
             cron_run = standalone.wait_for_run(server, client, CRON, 0, timeout=90)
             assert cron_run["run_type"] == "scheduled", cron_run
@@ -301,7 +301,7 @@ def test_clearing_a_past_group_rolls_back_and_recomputes(pipelines, server, spar
     """Clear run_group of the first group's run through the REST API: that group and the
     later one are rolled back (generation 0 -> 1) and recomputed with their recorded ranges."""
     continuous = pipelines[0]
-    log = EpochLog()
+    log = EpochStore()
     before = [(e.epoch_id, e.start, e.end, e.state) for e in log.epochs(CONTINUOUS)]
     assert before == [(0, 0, 2, "published"), (1, 2, 4, "published"), (2, 4, 6, "published")], before
     with server.client() as client, dump_on_failure(server, (CONTINUOUS,)):
@@ -355,7 +355,7 @@ def test_backfill_recomputes_the_epochs_that_arrived_in_its_intervals(pipelines,
     SIGSTOPped to hold it there): the backfill waits for the pipeline, takes nothing from the
     live run, and goes on once that run has published."""
     backfill = pipelines[2]
-    log = EpochLog()
+    log = EpochStore()
     with server.client() as client, dump_on_failure(server, (BACKFILL,)):
         standalone.wait_healthy(server, client, timeout=180)  # at once when an earlier test waited
         standalone.wait_for_dag(server, client, BACKFILL, timeout=120)
@@ -446,7 +446,7 @@ def test_an_event_driven_pipeline_gets_a_run_only_when_data_comes(event_pipeline
         states = standalone.wait_for_run_state(server, client, EVENT, run["dag_run_id"], timeout=240)
         assert all(states[t] == "success" for t in GROUP_TASKS), states
         assert_group_published(server, client, EVENT, run["dag_run_id"], group_id=0, epoch_ids=[0, 1])
-        log = EpochLog()
+        log = EpochStore()
         assert_matches_oracle(spark, spec, log)
         time.sleep(15)  # a few more polls: the data is published, nothing is due
         assert len(standalone.dag_runs(client, EVENT)) == 1, standalone.dag_runs(client, EVENT)
@@ -494,7 +494,7 @@ def test_a_pipeline_runs_on_a_spark_standalone_cluster(cluster_pipeline, spark_c
         assert all(states[t] == "success" for t in GROUP_TASKS), states
         standalone.set_paused(client, CLUSTER, True)
         assert_group_published(server, client, CLUSTER, run["dag_run_id"], group_id=0, epoch_ids=[0, 1])
-        assert_matches_oracle(spark, spec, EpochLog())
+        assert_matches_oracle(spark, spec, EpochStore())
         # The application had an executor in each worker: its folder app-<id>/<executor> in both.
         per_worker = [{p.parent.parent.name for p in work.glob("app-*/*/stderr")}
                       for work in spark_cluster.worker_dirs()]

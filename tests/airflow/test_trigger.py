@@ -9,7 +9,9 @@ import os
 import time
 
 from sluice.airflow.triggers import BacklogTrigger, check_backlog
-from sluice.store import EpochLog
+from sluice.protocol.leases import acquire_lease
+from sluice.protocol.planning import halt_reason, plan_group
+from sluice.store import EpochStore
 from tests.pipelines import land, landed, make_pipeline
 
 
@@ -65,17 +67,17 @@ def test_waits_for_an_efficient_group_or_the_freshness_sla():
     """Epochs of 2 files, k = 2: one fresh file is not worth a Spark application yet; it is
     once it gets close to the freshness SLA (5 s here), or once 4 files wait."""
     spec = make_pipeline("trigger_rules", **{"control.epoch_files": 2, "control.group_epochs": 2})
-    log = EpochLog()
+    log = EpochStore()
     land(spec, files=1, seed=1)
-    assert check_backlog(spec.name, None, epoch_log=log) is None
-    scheduled = check_backlog(spec.name, None, epoch_log=log, continuous=False)
+    assert check_backlog(spec.name, None, store=log) is None
+    scheduled = check_backlog(spec.name, None, store=log, continuous=False)
     assert scheduled["plan"]["reason"].startswith("scheduled"), "a cron run takes any backlog"
     old = time.time() - 6
     os.utime(landed(spec)[0], (old, old))
-    ready = check_backlog(spec.name, None, epoch_log=log)
+    ready = check_backlog(spec.name, None, store=log)
     assert ready["plan"]["reason"].startswith("freshness") and ready["backlog"]["files"] == 1, ready
     land(spec, files=3, seed=2)
-    ready = check_backlog(spec.name, None, epoch_log=log)
+    ready = check_backlog(spec.name, None, store=log)
     assert ready["plan"]["reason"].startswith("efficient group") and ready["backlog"]["files"] == 4, ready
     log.close()
 
@@ -83,26 +85,26 @@ def test_waits_for_an_efficient_group_or_the_freshness_sla():
 def test_retries_unfinished_epochs_without_new_data_but_not_when_halted_or_held():
     spec = make_pipeline("trigger_retry", **{"control.epoch_files": 1, "control.group_epochs": 1,
                                              "control.max_attempts": 2})
-    log = EpochLog()
+    log = EpochStore()
     land(spec, files=1)
-    lease = log.acquire_lease(spec.name, "run-1")
+    lease = acquire_lease(log, spec.name, "run-1")
     log.register_files(spec.name, [(str(p), p.stat().st_size, p.stat().st_mtime) for p in landed(spec)])
-    epoch = log.plan_group(lease, epoch_size=1, k=1).epochs[0]
-    assert check_backlog(spec.name, None, epoch_log=log) is None, "a run holds the lease: it is on it"
-    log.start_attempt(lease, epoch)
-    log.mark_failed(lease, epoch, "boom")
+    epoch = plan_group(log, lease, epoch_size=1, k=1).epochs[0]
+    assert check_backlog(spec.name, None, store=log) is None, "a run holds the lease: it is on it"
+    log.start_attempt(lease, [epoch])
+    log.mark_failed(lease, [epoch], "boom")
     log.release_lease(lease)
-    ready = check_backlog(spec.name, None, epoch_log=log)
+    ready = check_backlog(spec.name, None, store=log)
     assert ready is not None and "retry the unfinished epochs [0]" in ready["plan"]["reason"], ready
     assert ready["backlog"]["files"] == 0
-    lease = log.acquire_lease(spec.name, "run-2")
-    log.start_attempt(lease, epoch)
-    log.mark_failed(lease, epoch, "boom again")
+    lease = acquire_lease(log, spec.name, "run-2")
+    log.start_attempt(lease, [epoch])
+    log.mark_failed(lease, [epoch], "boom again")
     log.release_lease(lease)
-    assert "failed 2 times" in log.halt_reason(spec.name, 2)
-    assert check_backlog(spec.name, None, epoch_log=log) is None, "a halted pipeline's sensor does not fire"
+    assert "failed 2 times" in halt_reason(log, spec.name, 2, 10)
+    assert check_backlog(spec.name, None, store=log) is None, "a halted pipeline's sensor does not fire"
     land(spec, files=2, seed=2)
-    assert check_backlog(spec.name, None, epoch_log=log) is None, "not even on new data"
+    assert check_backlog(spec.name, None, store=log) is None, "not even on new data"
     log.close()
 
 

@@ -9,32 +9,35 @@ import shutil
 
 import pytest
 
-from sluice import execution, protocol
+from sluice import protocol
 from sluice.errors import SourceError
-from sluice.store import EpochLog
+from sluice.protocol.planning import halt_reason
+from sluice.protocol.run import PipelineRun, run_once
+from sluice.protocol.runtime import Runtime
+from sluice.store import EpochStore
 from tests.pipelines import assert_matches_oracle, invalid_lines, land, make_pipeline, rejected_lines
 
 
 def test_vanished_file_fails_clearly_then_reruns_same_range(spark, tmp_path):
-    log = EpochLog()
+    log = EpochStore()
     spec = make_pipeline("vanished_file", **{"control.epoch_files": 2, "control.group_epochs": 2})
     files = land(spec, files=4, malformed_fraction=0.05)
-    planned = execution.plan(spec, log, "test-owner")
+    planned = PipelineRun(spec, log, "test-owner").plan()
     victim = files[2]  # in epoch 1
     stat = victim.stat()
     shutil.move(victim, tmp_path / victim.name)
     with pytest.raises(SourceError) as info:
-        execution.run(spec, log, "test-owner", planned.group_id, spark)
+        PipelineRun(spec, log, "test-owner", Runtime.spark(spark)).process(planned.group_id)
     message = str(info.value)
     assert "'vanished_file'" in message and str(victim) in message and "no longer in the landing folder" in message
     epochs = log.epochs(spec.name)
     # One commit per group: the group (epochs 0 and 1) fails as a whole, naming the file.
     assert epochs[0].state == protocol.FAILED and epochs[1].state == protocol.FAILED
     assert str(victim) in epochs[1].error
-    execution.release(spec, log, "test-owner")
+    PipelineRun(spec, log, "test-owner").release()
     shutil.move(tmp_path / victim.name, victim)
     os.utime(victim, ns=(stat.st_atime_ns, stat.st_mtime_ns))
-    execution.run_once(spec, log, spark, drain=True)
+    run_once(spec, log, spark, drain=True)
     after = log.epochs(spec.name)
     assert [(e.start, e.end) for e in after] == [(e.start, e.end) for e in epochs], "ranges never change"
     assert_matches_oracle(spark, spec, log)
@@ -48,8 +51,8 @@ def test_csv_source_reports_bad_rows_with_file_and_line(spark):
     good = "u1,p1,a1,banner,view,1767225600000,1.2.3.4"
     (spec.landing_dir / "a.csv").write_text(f"{header}\n{good}\nu2,p2,,banner,view,1767225600001,1.2.3.4\n"
                                             f"{good}\nu3,p3,a3,banner,view,yesterday,1.2.3.4\n")
-    log = EpochLog()
-    execution.run_once(spec, log, spark, drain=True)
+    log = EpochStore()
+    run_once(spec, log, spark, drain=True)
     rows = spark.read.format("delta").load(spec.sinks[0].path).collect()
     assert len(rows) == 2 and all(r["ad_id"] == "a1" for r in rows)
     rejected = {(r["line"], r["reason"].split(":")[0]) for r in spark.read.format("delta").load(spec.rejected_table)
@@ -73,10 +76,10 @@ def test_bad_files_go_to_rejected_line_by_line_and_nothing_halts(spark):
     (folder / "bad-huge.json").write_text(lines[0] + "\n" + huge + "\n" + lines[1] + "\n")
     (folder / "bad-big-line.json").write_text(lines[2] + "\n\n" + '{"ad_id": "' + "y" * (2 * 1024 * 1024) + '"}\n'
                                               + lines[3] + "\n")
-    log = EpochLog()
-    execution.run_once(spec, log, spark, drain=True)
+    log = EpochStore()
+    run_once(spec, log, spark, drain=True)
     assert_matches_oracle(spark, spec, log)
-    assert log.halt_reason(spec.name, spec.control.max_attempts) is None
+    assert halt_reason(log, spec.name, spec.control.max_attempts, 10) is None
     rows = spark.read.format("delta").load(spec.rejected_table).collect()
     by_file = {}
     for r in rows:
@@ -111,8 +114,8 @@ def test_files_read_line_by_line_in_several_blocks_report_each_bad_line_exactly(
     spark.conf.set("spark.sql.files.maxPartitionBytes", "65536")  # ~5 blocks per file
     try:
         assert min(p.stat().st_size for p in paths) > 3 * 65536, "each file spans several blocks"
-        log = EpochLog()
-        execution.run_once(spec, log, spark, drain=True)
+        log = EpochStore()
+        run_once(spec, log, spark, drain=True)
     finally:
         spark.conf.set("spark.sql.files.maxPartitionBytes", before)
     assert_matches_oracle(spark, spec, log)
@@ -132,9 +135,9 @@ def test_epochs_bounded_in_bytes_hold_files_up_to_the_bound_and_equal_the_oracle
     land(spec, files=3, rate_per_file=60, seed=31)
     land(spec, files=2, rate_per_file=400, seed=32)  # each above 40 KiB
     land(spec, files=3, rate_per_file=60, seed=33)
-    log = EpochLog()
+    log = EpochStore()
     try:
-        execution.run_once(spec, log, spark, drain=True)
+        run_once(spec, log, spark, drain=True)
         sizes = {e.path: e.size for e in log.manifest(spec.name)}
         epochs = log.epochs(spec.name)
         held = [[e.size for e in log.manifest(spec.name, ep.start, ep.end)] for ep in epochs]
@@ -157,9 +160,9 @@ def test_a_file_landed_again_under_its_name_with_new_content_is_processed(spark,
     spec = make_pipeline("relanded", **{"control.epoch_files": 2, "control.group_epochs": 2,
                                         "spark.mode": "in_process"})
     land(spec, files=3, seed=41, malformed_fraction=0.05)
-    log = EpochLog()
+    log = EpochStore()
     try:
-        execution.run_once(spec, log, spark, drain=True)
+        run_once(spec, log, spark, drain=True)
         first = expected_window_counts(landed(spec))
         assert table_counts(spark, spec) == first
         victim = landed(spec)[1]
@@ -167,7 +170,7 @@ def test_a_file_landed_again_under_its_name_with_new_content_is_processed(spark,
         shutil.copyfile(fresh, tmp_path / "new.json")
         os.replace(tmp_path / "new.json", victim)  # atomically, as a writer should
         os.utime(victim, (victim.stat().st_mtime + 60, victim.stat().st_mtime + 60))
-        execution.run_once(spec, log, spark, drain=True)
+        run_once(spec, log, spark, drain=True)
         assert table_counts(spark, spec) == first + expected_window_counts([victim])
         kept = [e.path for e in log.manifest(spec.name) if "/_sluice/relanded/" in e.path]
         assert len(kept) == 1 and log.manifest(spec.name)[-1].path == kept[0]

@@ -11,10 +11,11 @@ from pathlib import Path
 import pytest
 
 from include.generators.ysb import parse_valid
-from sluice import execution, protocol
+from sluice import protocol
 from sluice.errors import SpecError
 from sluice.faults import InjectedFault
-from sluice.store import EpochLog
+from sluice.protocol.run import run_once
+from sluice.store import EpochStore
 from tests.pipelines import invalid_lines, land, landed, make_pipeline, rejected_lines
 
 
@@ -58,8 +59,8 @@ def concurrent_pipeline(name: str, level: int | str = 3):
 def test_concurrent_epochs_commit_in_order_and_exactly_once(spark):
     spec = concurrent_pipeline("concurrent_ok")
     land(spec, files=6, rate_per_file=300, malformed_fraction=0.03)
-    log = EpochLog()
-    done = execution.run_once(spec, log, spark)
+    log = EpochStore()
+    done = run_once(spec, log, spark)
     epochs = log.epochs(spec.name)
     assert [e.state for e in epochs] == [protocol.PUBLISHED] * 6
     assert {e.timings.get("concurrency") for e in epochs} == {3}, "the epochs were not computed concurrently"
@@ -81,18 +82,18 @@ def test_concurrent_epochs_commit_in_order_and_exactly_once(spark):
 def test_a_failure_stops_later_epochs_and_the_rerun_lands_everything_once(spark, monkeypatch):
     spec = concurrent_pipeline("concurrent_fail")
     land(spec, files=5, rate_per_file=300, malformed_fraction=0.03)
-    log = EpochLog()
+    log = EpochStore()
     monkeypatch.setenv("SLUICE_FAULT", "mid_write@2")
     monkeypatch.setenv("SLUICE_FAULT_MODE", "raise")
     with pytest.raises(InjectedFault) as info:
-        execution.run_once(spec, log, spark)
+        run_once(spec, log, spark)
     assert "injected fault at mid_write (epoch 2)" in str(info.value)
     states = [e.state for e in log.epochs(spec.name)]
     assert states[:3] == [protocol.COMMITTED, protocol.COMMITTED, protocol.FAILED], states
     assert all(s not in (protocol.COMMITTED, protocol.PUBLISHED) for s in states[3:]), states
     assert [c["epoch"] for c in delta_commits(spec.sinks[0].path)] == [0, 1]
     monkeypatch.delenv("SLUICE_FAULT")
-    execution.run_once(spec, log, spark)
+    run_once(spec, log, spark)
     assert [e.state for e in log.epochs(spec.name)] == [protocol.PUBLISHED] * 5
     assert table_views(spark, spec.sinks[0].path) == view_oracle(landed(spec))
     assert sorted(rejected_lines(spark, spec)) == sorted(invalid_lines(landed(spec)))

@@ -15,10 +15,10 @@ from collections.abc import Iterator
 import pytest
 
 from sluice import protocol
+from sluice.delta.spark import SparkTables
 from sluice.paths import RUN_GROUP_APP
-from sluice.sinks.delta import committed_txn_version
 from sluice.spark import start_connect_server
-from sluice.store import EpochLog
+from sluice.store import EpochStore
 from tests.pipelines import assert_matches_oracle, land, make_pipeline
 
 
@@ -46,8 +46,8 @@ def test_groups_run_through_a_warm_connect_server(spark, connect_server):
                                spec.name, *args], env=env, capture_output=True, text=True, timeout=300)
         assert proc.returncode == 0, proc.stderr[-3000:]
         print(f"[connect] group in {time.monotonic() - t0:.1f} s")
-    log = EpochLog()
+    log = EpochStore()
     assert [e.state for e in log.epochs(spec.name)] == [protocol.PUBLISHED] * 3
     assert_matches_oracle(spark, spec, log)
     app = protocol.sink_app_id(spec.name, spec.sinks[0].name, 0)
-    assert protocol.txn_epoch(committed_txn_version(spark, spec.sinks[0].path, app)) == 2
+    assert protocol.txn_epoch(SparkTables(spark).txn_version(spec.sinks[0].path, app)) == 2

@@ -14,18 +14,22 @@ import pytest
 import yaml
 
 from include.generators.ysb import raw_events
-from sluice import execution
 from sluice.errors import SluiceError
+from sluice.protocol.run import cli_owner
+from sluice.protocol import operations
+from sluice.protocol.leases import acquire_lease
+from sluice.protocol.run import PipelineRun, cli_owner, run_once
+from sluice.protocol.runtime import Runtime
 from sluice.sources import source_for
 from sluice.sources.delta_versions import undone_by_restore
 from sluice.spec import load_spec
-from sluice.store import EpochLog
+from sluice.store import EpochStore
 from tests.pipelines import land, landed, make_pipeline
 
 
 @pytest.fixture
-def epoch_log():
-    log = EpochLog()
+def store():
+    log = EpochStore()
     yield log
     log.close()
 
@@ -39,14 +43,14 @@ def table_views(spark, path: str) -> Counter:
     return Counter({r["ad_id"]: r["views"] for r in spark.read.format("delta").load(path).collect()})
 
 
-def roll_back(spark, spec, epoch_log, to_epoch: int, recompute: bool = False) -> None:
+def roll_back(spark, spec, store, to_epoch: int, recompute: bool = False) -> None:
     """``sluice_rollback``, step by step as its tasks run."""
-    owner = execution.cli_owner()
-    report = execution.rollback(spec, epoch_log, spark, epoch_log.acquire_lease(spec.name, owner),
+    owner = cli_owner()
+    report = operations.rollback(spec, store, Runtime.spark(spark), acquire_lease(store, spec.name, owner),
                                 to_epoch=to_epoch, reason="upstream restore", recompute=recompute)
-    execution.run(spec, epoch_log, owner, report["group_id"], spark)
-    execution.validate(spec, epoch_log, owner)
-    execution.checkpoint(spec, epoch_log, owner)
+    PipelineRun(spec, store, owner, Runtime.spark(spark)).process(report["group_id"])
+    PipelineRun(spec, store, owner).validate()
+    PipelineRun(spec, store, owner, Runtime.spark(spark)).publish()
 
 
 def downstream_of(upstream, folder: Path):
@@ -64,28 +68,28 @@ def downstream_of(upstream, folder: Path):
     return load_spec(spec_path)
 
 
-def test_a_chained_pipeline_equals_the_oracle_and_stops_on_an_upstream_rollback(spark, epoch_log):
+def test_a_chained_pipeline_equals_the_oracle_and_stops_on_an_upstream_rollback(spark, store):
     up = make_pipeline("chain_up", base="ysb_clean", **{"control.epoch_files": 2, "control.group_epochs": 2,
                                                         "schedule": None})
     down = downstream_of(up, Path(up.path).parent)
     land(up, files=4, seed=21, malformed_fraction=0.03)
-    execution.run_once(up, epoch_log, spark, drain=True)
-    execution.run_once(down, epoch_log, spark, drain=True)
+    run_once(up, store, spark, drain=True)
+    run_once(down, store, spark, drain=True)
     assert table_views(spark, down.sinks[0].path) == views_per_ad(landed(up))
-    source = source_for(down, epoch_log)
-    versions = [v for e in epoch_log.epochs(down.name)
-                for v in source.describe(epoch_log.manifest(down.name, e.start, e.end))["versions"]]
+    source = source_for(down, store)
+    versions = [v for e in store.epochs(down.name)
+                for v in source.describe(store.manifest(down.name, e.start, e.end))["versions"]]
     assert versions == sorted(versions) and len(versions) == len(set(versions)), versions
 
     # More upstream data: the downstream reads only the new versions.
     land(up, files=4, seed=22, malformed_fraction=0.03, prefix="second")
-    execution.run_once(up, epoch_log, spark, drain=True)
-    execution.run_once(down, epoch_log, spark, drain=True)
+    run_once(up, store, spark, drain=True)
+    run_once(down, store, spark, drain=True)
     assert table_views(spark, down.sinks[0].path) == views_per_ad(landed(up))
     before = table_views(spark, down.sinks[0].path)
     # Every upstream row, read back through the versions exactly (timestamps to the microsecond),
     # each named by its version, data file and line.
-    end = len(epoch_log.manifest(down.name))
+    end = len(store.manifest(down.name))
     read = source.read(spark, 0, end).collect()
     upstream_rows = spark.read.format("delta").load(up.sinks[0].path).collect()
     assert Counter((r["ad_id"], r["event_time"]) for r in read) == Counter(
@@ -93,28 +97,28 @@ def test_a_chained_pipeline_equals_the_oracle_and_stops_on_an_upstream_rollback(
     assert all(r["_file"].startswith(f"delta://{up.sinks[0].path}@") and r["_line"] >= 1 for r in read)
 
     # The upstream rolls back its last group (a RESTORE): the downstream stops, changing nothing.
-    last_group = max(e.group_id for e in epoch_log.epochs(up.name))
-    roll_back(spark, up, epoch_log, min(e.epoch_id for e in epoch_log.epochs(up.name)
+    last_group = max(e.group_id for e in store.epochs(up.name))
+    roll_back(spark, up, store, min(e.epoch_id for e in store.epochs(up.name)
                                              if e.group_id == last_group))
     with pytest.raises(SluiceError) as stopped:
-        execution.run_once(down, epoch_log, spark, drain=True)
+        run_once(down, store, spark, drain=True)
     message = str(stopped.value)
     assert "chain_down" in message and "was restored to version" in message and "skip" in message, message
     assert table_views(spark, down.sinks[0].path) == before
 
     # What the message says: skip the undone versions, then roll the downstream back (recompute).
     commits = source._commits()
-    entries = epoch_log.manifest(down.name)
+    entries = store.manifest(down.name)
     version_at = {int(e.path.rsplit("@", 1)[1]): e.position for e in entries}
-    epoch_of = {v: e.epoch_id for e in epoch_log.epochs(down.name) for v, p in version_at.items()
+    epoch_of = {v: e.epoch_id for e in store.epochs(down.name) for v, p in version_at.items()
                 if e.start <= p < e.end}
     found = undone_by_restore(up.sinks[0].path, commits, sorted(version_at), epoch_of)
     assert found is not None and f"epoch {found.first_epoch}" in message
     for v in found.undone:
-        execution.skip_file(down, epoch_log, f"delta://{up.sinks[0].path}@{v}", by="test", reason="upstream restore")
-    roll_back(spark, down, epoch_log, found.first_epoch, recompute=True)
-    execution.run_once(down, epoch_log, spark, drain=True)
-    live = [Path(f.path) for e in epoch_log.epochs(up.name) if e.state == "published"  # what the upstream holds
-            for f in epoch_log.manifest(up.name, e.start, e.end)]
+        operations.skip_file(down, store, f"delta://{up.sinks[0].path}@{v}", by="test", reason="upstream restore")
+    roll_back(spark, down, store, found.first_epoch, recompute=True)
+    run_once(down, store, spark, drain=True)
+    live = [Path(f.path) for e in store.epochs(up.name) if e.state == "published"  # what the upstream holds
+            for f in store.manifest(up.name, e.start, e.end)]
     assert len(live) < len(landed(up))
     assert table_views(spark, down.sinks[0].path) == views_per_ad(live)

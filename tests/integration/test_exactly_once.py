@@ -16,21 +16,25 @@ from pathlib import Path
 
 import pytest
 
-from sluice import execution, protocol
+from sluice import protocol
+from sluice.delta.spark import SparkTables
 from sluice.errors import PipelineBusyError
 from sluice.faults import InjectedFault
 from sluice.paths import RUN_GROUP_APP
-from sluice.sinks.delta import committed_txn_version
-from sluice.store import EpochLog
+from sluice.protocol import operations
+from sluice.protocol.leases import acquire_lease
+from sluice.protocol.run import PipelineRun, run_once
+from sluice.protocol.runtime import Runtime
+from sluice.store import EpochStore
 from tests.pipelines import assert_matches_oracle, land, make_pipeline
 
 RUN_GROUP = str(RUN_GROUP_APP)
 
 
 @pytest.fixture
-def epoch_log(store_backend):
+def store(store_backend):
     """The test session's epoch store: SQLite, then a real Postgres server (``store_backend``)."""
-    log = EpochLog()
+    log = EpochStore()
     yield log
     log.close()
 
@@ -71,14 +75,14 @@ class GroupJob:
 
 def app_txn(spark, spec, sink_path: str, sink: str) -> int | None:
     """The last epoch Delta recorded for the table's generation-0 app id (None: none)."""
-    recorded = committed_txn_version(spark, sink_path, protocol.sink_app_id(spec.name, sink, 0))
+    recorded = SparkTables(spark).txn_version(sink_path, protocol.sink_app_id(spec.name, sink, 0))
     return None if recorded is None else protocol.txn_epoch(recorded)
 
 
-def assert_crashed_at(point: str, spark, spec, epoch_log) -> None:
+def assert_crashed_at(point: str, spark, spec, store) -> None:
     """The crash left the state the fault point describes (so the test exercises it). Group
     commit: epochs 0 and 1 are one group, so one commit per table."""
-    epochs = {e.epoch_id: e for e in epoch_log.epochs(spec.name)}
+    epochs = {e.epoch_id: e for e in store.epochs(spec.name)}
     main = app_txn(spark, spec, spec.sinks[0].path, spec.sinks[0].name)
     rejected = app_txn(spark, spec, spec.rejected_table, "_rejected")
     if point == "after_plan":
@@ -91,14 +95,14 @@ def assert_crashed_at(point: str, spark, spec, epoch_log) -> None:
         assert epochs[1].state in protocol.UNFINISHED and main == 1, "epochs 0..1 in Delta, not in the log"
     else:  # before_publish
         assert epochs[0].state == epochs[1].state == protocol.COMMITTED
-        assert_records_complete(spec, epoch_log, states=(protocol.COMMITTED,))
+        assert_records_complete(spec, store, states=(protocol.COMMITTED,))
 
 
-def assert_records_complete(spec, epoch_log, states=(protocol.PUBLISHED,)) -> None:
+def assert_records_complete(spec, store, states=(protocol.PUBLISHED,)) -> None:
     """Every published epoch (of ``states``) has its JSON record next to every sink."""
     for sink in spec.sinks:
         folder = Path(sink.path) / "_sluice" / "epochs"
-        for e in epoch_log.epochs(spec.name):
+        for e in store.epochs(spec.name):
             if e.state in states:
                 record = folder / f"{e.epoch_id:09d}-g{e.generation}.json"
                 assert record.is_file(), f"no epoch record {record}"
@@ -114,44 +118,44 @@ def kill_at(spec, point: str, at: int | None = 1) -> None:
 
 
 @pytest.mark.parametrize("point", ["after_plan", "mid_write", "after_delta_commit", "before_publish"])
-def test_sigkill_then_rerun_is_exactly_once(point, spark, epoch_log):
+def test_sigkill_then_rerun_is_exactly_once(point, spark, store):
     spec = make_pipeline(f"kill_{point}", **{"control.epoch_files": 2, "control.group_epochs": 2})
     land(spec, files=6, malformed_fraction=0.03, late_fraction=0.05, late_max_s=25)
     kill_at(spec, point)
-    assert_crashed_at(point, spark, spec, epoch_log)
+    assert_crashed_at(point, spark, spec, store)
     land(spec, files=2, seed=2, malformed_fraction=0.03)  # more data arrives meanwhile
     # The dead process's lease is taken over (same host, process gone); its epochs rerun first.
-    groups = execution.run_once(spec, epoch_log, spark, drain=True)
+    groups = run_once(spec, store, spark, drain=True)
     if point != "before_publish":
         assert groups[0]["group"]["plan"]["reason"].startswith("reprocess epochs")
-    assert_matches_oracle(spark, spec, epoch_log)
-    assert {e.state for e in epoch_log.epochs(spec.name)} == {protocol.PUBLISHED}
-    assert_records_complete(spec, epoch_log)
+    assert_matches_oracle(spark, spec, store)
+    assert {e.state for e in store.epochs(spec.name)} == {protocol.PUBLISHED}
+    assert_records_complete(spec, store)
 
 
-def test_sigkill_between_the_restores_of_a_rerun(spark, epoch_log):
+def test_sigkill_between_the_restores_of_a_rerun(spark, store):
     """A group commit in both tables but not in the log; the rerun that restores them is killed
     after the first RESTORE; the next rerun still lands everything once."""
     spec = make_pipeline("kill_reconcile", **{"control.epoch_files": 2, "control.group_epochs": 2})
     land(spec, files=4, malformed_fraction=0.05)
     kill_at(spec, "after_delta_commit")
     kill_at(spec, "mid_reconcile", at=None)
-    main = committed_txn_version(spark, spec.sinks[0].path, protocol.sink_app_id(spec.name, "campaign_views", 0))
+    main = SparkTables(spark).txn_version(spec.sinks[0].path, protocol.sink_app_id(spec.name, "campaign_views", 0))
     assert protocol.txn_token(main) >= 2, "the second run fenced the tables with its own token"
-    execution.run_once(spec, epoch_log, spark, drain=True)
-    assert_matches_oracle(spark, spec, epoch_log)
-    assert_records_complete(spec, epoch_log)
+    run_once(spec, store, spark, drain=True)
+    assert_matches_oracle(spark, spec, store)
+    assert_records_complete(spec, store)
 
 
 @pytest.mark.parametrize("point", ["after_plan", "mid_write", "after_delta_commit"])
-def test_injected_exception_then_rerun_is_exactly_once_per_epoch_commits(point, spark, epoch_log, monkeypatch):
+def test_injected_exception_then_rerun_is_exactly_once_per_epoch_commits(point, spark, store, monkeypatch):
     spec = make_pipeline(f"raise_{point}", **{"control.epoch_files": 2, "control.group_epochs": 2,
                                                 "commit": "epoch"})
     land(spec, files=4, malformed_fraction=0.03, late_fraction=0.05)
     monkeypatch.setenv("SLUICE_FAULT", f"{point}@1")
     with pytest.raises(InjectedFault):
-        execution.run_once(spec, epoch_log, spark)
-    epochs = {e.epoch_id: e for e in epoch_log.epochs(spec.name)}
+        run_once(spec, store, spark)
+    epochs = {e.epoch_id: e for e in store.epochs(spec.name)}
     main = app_txn(spark, spec, spec.sinks[0].path, spec.sinks[0].name)
     if point == "mid_write":
         assert epochs[0].state == protocol.COMMITTED and epochs[1].state == protocol.FAILED
@@ -159,41 +163,42 @@ def test_injected_exception_then_rerun_is_exactly_once_per_epoch_commits(point, 
     elif point == "after_delta_commit":
         assert epochs[1].state == protocol.FAILED and main == 1
     if point != "after_plan":
-        assert "InjectedFault" in epoch_log.epochs(spec.name)[1].error
+        assert "InjectedFault" in store.epochs(spec.name)[1].error
     monkeypatch.delenv("SLUICE_FAULT")
-    execution.run_once(spec, epoch_log, spark, drain=True)
-    assert_matches_oracle(spark, spec, epoch_log)
-    versions = {e.delta_versions["campaign_views"] for e in epoch_log.epochs(spec.name)}
+    run_once(spec, store, spark, drain=True)
+    assert_matches_oracle(spark, spec, store)
+    versions = {e.delta_versions["campaign_views"] for e in store.epochs(spec.name)}
     assert len(versions) == 2, "commit: epoch gives each epoch its own Delta version"
 
 
-def test_a_write_under_an_older_token_is_refused_by_delta(spark, epoch_log):
+def test_a_write_under_an_older_token_is_refused_by_delta(spark, store):
     """Once a newer owner's token is in a table, Delta skips an older token's commit: the writer
     gets FencedError and the table does not change."""
     from sluice.errors import FencedError
-    from sluice.runner import pipeline_tables
-    from sluice.sinks.delta import EpochRange, history
+    from sluice.model import EpochRange
+    from sluice.protocol.tables import pipeline_tables
 
     spec = make_pipeline("fenced_write", **{"control.epoch_files": 2, "control.group_epochs": 2})
     land(spec, files=4, malformed_fraction=0.03)
-    execution.run_once(spec, epoch_log, spark, drain=True)
-    sink = next(t for t in pipeline_tables(spec) if t.spec.name == "campaign_views")
-    old = epoch_log.acquire_lease(spec.name, "old-owner")
-    epoch_log.release_lease(old)
-    newer = epoch_log.acquire_lease(spec.name, "newer-owner")
+    run_once(spec, store, spark, drain=True)
+    sink = next(t for t in pipeline_tables(spec) if t.name == "campaign_views")
+    tables = SparkTables(spark)
+    old = acquire_lease(store, spec.name, "old-owner")
+    store.release_lease(old)
+    newer = acquire_lease(store, spec.name, "newer-owner")
     try:
-        assert sink.fence(spark, 0, newer.fence) is not None
-        before = history(spark, sink.path, 1).first()["version"]
+        assert sink.fence(tables, 0, newer.fence) is not None
+        before = tables.version(sink.path)
         frame = spark.read.format("delta").load(sink.path).limit(3)
         with pytest.raises(FencedError, match="refused by Delta"):
-            sink.write(spark, frame, epochs=[EpochRange(9, 10, 12)], generation=0, token=old.fence)
-        assert history(spark, sink.path, 1).first()["version"] == before
+            sink.write(tables, frame, epochs=[EpochRange(9, 10, 12)], generation=0, token=old.fence)
+        assert tables.version(sink.path) == before
     finally:
-        epoch_log.release_lease(newer)
-    assert_matches_oracle(spark, spec, epoch_log)
+        store.release_lease(newer)
+    assert_matches_oracle(spark, spec, store)
 
 
-def test_a_zombie_stopped_in_its_group_commit_is_refused_after_a_take_over(spark, epoch_log):
+def test_a_zombie_stopped_in_its_group_commit_is_refused_after_a_take_over(spark, store):
     """SIGSTOP a run between the two tables of its group commit until its lease expires; a new
     owner takes over, reruns the group, rolls back and recomputes; SIGCONT: the zombie's commit
     is refused by the table (its token is below the new owner's) and the tables equal the oracle."""
@@ -208,18 +213,18 @@ def test_a_zombie_stopped_in_its_group_commit_is_refused_after_a_take_over(spark
             assert zombie.poll() is None, zombie.stderr()[-3000:]
             assert time.monotonic() < deadline, "the run never stopped at its fault point"
             time.sleep(0.5)
-        assert_crashed_at("mid_write", spark, spec, epoch_log)  # between the two tables of its group commit
+        assert_crashed_at("mid_write", spark, spec, store)  # between the two tables of its group commit
         deadline = time.monotonic() + 60
-        while epoch_log.lease_holder(spec.name) is not None:  # its lease expires: no renewal while stopped
+        while store.lease_holder(spec.name) is not None:  # its lease expires: no renewal while stopped
             assert time.monotonic() < deadline
             time.sleep(0.5)
-        execution.run_once(spec, epoch_log, spark, owner="new-owner", drain=True)
-        assert_matches_oracle(spark, spec, epoch_log)
-        lease = epoch_log.acquire_lease(spec.name, "new-owner")
-        report = execution.rollback(spec, epoch_log, spark, lease, to_epoch=0, reason="zombie test", recompute=True)
-        execution.run(spec, epoch_log, "new-owner", report["group_id"], spark)
-        execution.validate(spec, epoch_log, "new-owner")
-        execution.checkpoint(spec, epoch_log, "new-owner")
+        run_once(spec, store, spark, owner="new-owner", drain=True)
+        assert_matches_oracle(spark, spec, store)
+        lease = acquire_lease(store, spec.name, "new-owner")
+        report = operations.rollback(spec, store, Runtime.spark(spark), lease, to_epoch=0, reason="zombie test", recompute=True)
+        PipelineRun(spec, store, "new-owner", Runtime.spark(spark)).process(report["group_id"])
+        PipelineRun(spec, store, "new-owner").validate()
+        PipelineRun(spec, store, "new-owner", Runtime.spark(spark)).publish()
     except BaseException as exc:
         failure = exc
     finally:
@@ -229,16 +234,16 @@ def test_a_zombie_stopped_in_its_group_commit_is_refused_after_a_take_over(spark
         raise AssertionError(f"{failure!r}\n--- the zombie's stderr (tail) ---\n{err[-4000:]}") from failure
     assert zombie.returncode != 0 and "FencedError" in err, err[-3000:]
     assert "refused by Delta" in err or "taken over" in err, err[-3000:]
-    assert_matches_oracle(spark, spec, epoch_log)
-    assert_records_complete(spec, epoch_log)
+    assert_matches_oracle(spark, spec, store)
+    assert_records_complete(spec, store)
 
 
-def test_two_concurrent_runs_one_fails_fast(spark, epoch_log):
+def test_two_concurrent_runs_one_fails_fast(spark, store):
     spec = make_pipeline("concurrent", **{"control.epoch_files": 2, "control.group_epochs": 4})
     land(spec, files=8, malformed_fraction=0.02)
     first = GroupJob(spec.name, "--plan", "--drain")
     deadline = time.monotonic() + 60
-    while epoch_log.lease_holder(spec.name) is None:  # wait until the first run holds the lease
+    while store.lease_holder(spec.name) is None:  # wait until the first run holds the lease
         assert first.poll() is None, first.stderr()[-3000:]
         assert time.monotonic() < deadline, "the first run never took the lease"
         time.sleep(0.1)
@@ -253,9 +258,9 @@ def test_two_concurrent_runs_one_fails_fast(spark, epoch_log):
     assert second_s < 15, f"the second run took {second_s:.1f}s to fail; it must not start Spark first"
     assert len(json.loads(out1.strip().splitlines()[-1])) >= 1
     with pytest.raises(PipelineBusyError):  # and in-process, while a lease is held
-        other = epoch_log.acquire_lease(spec.name, "holder")
+        other = acquire_lease(store, spec.name, "holder")
         try:
-            execution.plan(spec, epoch_log, "intruder")
+            PipelineRun(spec, store, "intruder").plan()
         finally:
-            epoch_log.release_lease(other)
-    assert_matches_oracle(spark, spec, epoch_log)
+            store.release_lease(other)
+    assert_matches_oracle(spark, spec, store)

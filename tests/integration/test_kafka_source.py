@@ -11,11 +11,16 @@ from confluent_kafka import TopicPartition
 from confluent_kafka.admin import AdminClient, NewPartitions
 
 from include.generators.ysb import classify, consume, produce, window_counts
-from sluice import execution, protocol
+from sluice import protocol
+from sluice.protocol.run import cli_owner
 from sluice.errors import SourceError
+from sluice.protocol import operations
+from sluice.protocol.leases import acquire_lease
+from sluice.protocol.run import PipelineRun, cli_owner, run_once
+from sluice.protocol.runtime import Runtime
 from sluice.sources import source_for
 from sluice.spec import PipelineSpec
-from sluice.store import EpochLog
+from sluice.store import EpochStore
 from tests.integration.test_exactly_once import assert_crashed_at, assert_records_complete, kill_at
 from tests.pipelines import make_pipeline, rejected_lines, table_counts
 
@@ -23,8 +28,8 @@ pytestmark = pytest.mark.kafka
 
 
 @pytest.fixture
-def epoch_log():
-    log = EpochLog()
+def store():
+    log = EpochStore()
     yield log
     log.close()
 
@@ -42,7 +47,7 @@ def send(spec: PipelineSpec, broker, *, events: int, seed: int, partitions: int 
             late_fraction=0.05, late_max_s=25)
 
 
-def assert_matches_kafka_oracle(spark, spec: PipelineSpec, epoch_log: EpochLog, broker) -> None:
+def assert_matches_kafka_oracle(spark, spec: PipelineSpec, store: EpochStore, broker) -> None:
     records = consume(broker.bootstrap, spec.source.topic)
     events = list(classify(records))
     expected = window_counts(events)
@@ -52,8 +57,8 @@ def assert_matches_kafka_oracle(spark, spec: PipelineSpec, epoch_log: EpochLog, 
     rejected = rejected_lines(spark, spec)
     assert len(rejected) == len(set(rejected)), f"{spec.name}: a rejected record was written twice"
     assert set(rejected) == {(where, n) for where, n, event in events if event is None}
-    summary = epoch_log.summary(spec.name)  # raises on a gap or an overlap
-    manifest = epoch_log.manifest(spec.name)
+    summary = store.summary(spec.name)  # raises on a gap or an overlap
+    manifest = store.manifest(spec.name)
     assert summary["offsets"] == [0, len(manifest)], f"{spec.name}: epochs do not cover every chunk"
     assert sum(e.size for e in manifest) == len(records), "the chunks do not hold every record once"
 
@@ -62,69 +67,69 @@ def assert_matches_kafka_oracle(spark, spec: PipelineSpec, epoch_log: EpochLog, 
 # replay a read of recorded offsets, the others are further variants (make test-all).
 @pytest.mark.parametrize("point", [pytest.param("after_plan", marks=pytest.mark.variant), "mid_write",
                                    "after_delta_commit", pytest.param("before_publish", marks=pytest.mark.variant)])
-def test_sigkill_then_rerun_is_exactly_once_on_kafka(point, kafka, spark, epoch_log):
+def test_sigkill_then_rerun_is_exactly_once_on_kafka(point, kafka, spark, store):
     spec = kafka_pipeline(f"kafka_kill_{point}", kafka, **{"control.epoch_files": 2, "control.group_epochs": 2})
     send(spec, kafka, events=600, seed=1)  # 3 partitions x 2 chunks of 100
     kill_at(spec, point)
-    assert_crashed_at(point, spark, spec, epoch_log)
+    assert_crashed_at(point, spark, spec, store)
     send(spec, kafka, events=300, seed=2)  # more arrives meanwhile
-    groups = execution.run_once(spec, epoch_log, spark, drain=True)
+    groups = run_once(spec, store, spark, drain=True)
     if point != "before_publish":
         assert groups[0]["group"]["plan"]["reason"].startswith("reprocess epochs")
-    assert_matches_kafka_oracle(spark, spec, epoch_log, kafka)
-    assert {e.state for e in epoch_log.epochs(spec.name)} == {protocol.PUBLISHED}
-    assert_records_complete(spec, epoch_log)
+    assert_matches_kafka_oracle(spark, spec, store, kafka)
+    assert {e.state for e in store.epochs(spec.name)} == {protocol.PUBLISHED}
+    assert_records_complete(spec, store)
 
 
-def test_new_partitions_are_picked_up_and_a_rollback_replays_the_same_records(kafka, spark, epoch_log):
+def test_new_partitions_are_picked_up_and_a_rollback_replays_the_same_records(kafka, spark, store):
     spec = kafka_pipeline("kafka_grow", kafka, **{"control.epoch_files": 2, "control.group_epochs": 2,
                                                   "control.epoch_max_records": 150, "spark.mode": "in_process"})
     send(spec, kafka, events=200, seed=3, partitions=2)
-    execution.run_once(spec, epoch_log, spark, drain=True)
+    run_once(spec, store, spark, drain=True)
     admin = AdminClient({"bootstrap.servers": kafka.bootstrap})
     for future in admin.create_partitions([NewPartitions(spec.source.topic, 4)]).values():
         future.result()
     send(spec, kafka, events=400, seed=4)  # now over 4 partitions
-    execution.run_once(spec, epoch_log, spark, drain=True)
-    assert_matches_kafka_oracle(spark, spec, epoch_log, kafka)
-    epochs = epoch_log.epochs(spec.name)
-    source = source_for(spec, epoch_log)
-    described = [source.describe(epoch_log.manifest(spec.name, e.start, e.end)) for e in epochs]
+    run_once(spec, store, spark, drain=True)
+    assert_matches_kafka_oracle(spark, spec, store, kafka)
+    epochs = store.epochs(spec.name)
+    source = source_for(spec, store)
+    described = [source.describe(store.manifest(spec.name, e.start, e.end)) for e in epochs]
     assert {p for d in described for p in d["partitions"]} == {"0", "1", "2", "3"}
     # epoch_max_records: 150 over chunks of at most 100 records: one chunk per epoch.
-    assert all(sum(e.size for e in epoch_log.manifest(spec.name, x.start, x.end)) <= 150 for x in epochs)
+    assert all(sum(e.size for e in store.manifest(spec.name, x.start, x.end)) <= 150 for x in epochs)
 
     # Roll back to epoch 1 and recompute: the replay reads the recorded offsets again.
     before = table_counts(spark, spec)
-    owner = execution.cli_owner()
-    lease = epoch_log.acquire_lease(spec.name, owner)
-    report = execution.rollback(spec, epoch_log, spark, lease, to_epoch=1, reason="replay", recompute=True)
-    execution.run(spec, epoch_log, owner, report["group_id"], spark)
-    execution.validate(spec, epoch_log, owner)
-    execution.checkpoint(spec, epoch_log, owner)
+    owner = cli_owner()
+    lease = acquire_lease(store, spec.name, owner)
+    report = operations.rollback(spec, store, Runtime.spark(spark), lease, to_epoch=1, reason="replay", recompute=True)
+    PipelineRun(spec, store, owner, Runtime.spark(spark)).process(report["group_id"])
+    PipelineRun(spec, store, owner).validate()
+    PipelineRun(spec, store, owner, Runtime.spark(spark)).publish()
     assert table_counts(spark, spec) == before
-    replayed = epoch_log.epochs(spec.name)
+    replayed = store.epochs(spec.name)
     assert [(e.start, e.end) for e in replayed] == [(e.start, e.end) for e in epochs]
-    assert epoch_log.generation(spec.name) == 1
-    assert_matches_kafka_oracle(spark, spec, epoch_log, kafka)
+    assert store.generation(spec.name) == 1
+    assert_matches_kafka_oracle(spark, spec, store, kafka)
 
 
-def test_what_retention_deleted_is_refused_and_named(kafka, spark, epoch_log):
+def test_what_retention_deleted_is_refused_and_named(kafka, spark, store):
     spec = kafka_pipeline("kafka_retention", kafka, **{"control.epoch_files": 1, "control.group_epochs": 2,
                                                        "spark.mode": "in_process"})
     send(spec, kafka, events=600, seed=5)
-    execution.run_once(spec, epoch_log, spark, drain=True)
-    generation, before = epoch_log.generation(spec.name), table_counts(spark, spec)
+    run_once(spec, store, spark, drain=True)
+    generation, before = store.generation(spec.name), table_counts(spark, spec)
     # Retention (here: delete-records) takes partition 0's first 150 records.
     admin = AdminClient({"bootstrap.servers": kafka.bootstrap})
     for future in admin.delete_records([TopicPartition(spec.source.topic, 0, 150)]).values():
         future.result()
-    lease = epoch_log.acquire_lease(spec.name, "operator")
-    with pytest.raises(execution.RollbackRefusedError,
+    lease = acquire_lease(store, spec.name, "operator")
+    with pytest.raises(operations.RollbackRefusedError,
                        match=r"records \[\d+, \d+\) of partition 0 .* no longer in the topic.*start to 150"):
-        execution.rollback(spec, epoch_log, spark, lease, to_epoch=0, reason="test", recompute=True)
-    epoch_log.release_lease(lease)
-    assert epoch_log.generation(spec.name) == generation and epoch_log.pending_rollback(spec.name) is None
+        operations.rollback(spec, store, Runtime.spark(spark), lease, to_epoch=0, reason="test", recompute=True)
+    store.release_lease(lease)
+    assert store.generation(spec.name) == generation and store.pending_rollback(spec.name) is None
     assert table_counts(spark, spec) == before
 
     # Records deleted before sluice registered them: the pipeline stops, naming them.
@@ -132,8 +137,8 @@ def test_what_retention_deleted_is_refused_and_named(kafka, spark, epoch_log):
     for future in admin.delete_records([TopicPartition(spec.source.topic, 1, 300)]).values():
         future.result()
     with pytest.raises(SourceError, match=r"records \[200, 300\) of partition 1 were deleted .*fail_on_data_loss"):
-        source_for(spec, epoch_log).discover()
-    end = len(epoch_log.manifest(spec.name))
+        source_for(spec, store).discover()
+    end = len(store.manifest(spec.name))
     lenient = kafka_pipeline(spec.name, kafka, **{"source.fail_on_data_loss": False})
     # Logged, and the other partitions' new records (100 each, one chunk) are registered.
-    assert source_for(lenient, epoch_log).discover() == end + 2
+    assert source_for(lenient, store).discover() == end + 2

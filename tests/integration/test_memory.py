@@ -8,18 +8,19 @@ from pathlib import Path
 
 import pytest
 
-from sluice import adaptive, execution
-from sluice.store import EpochLog
+from sluice import adaptive
+from sluice.protocol.run import run_once
+from sluice.store import EpochStore
 from tests.pipelines import land, make_pipeline
 
 
 def test_a_group_records_the_memory_it_held_and_the_controllers_learn_it(spark, tmp_path: Path):
-    epoch_log = EpochLog(f"sqlite:///{tmp_path}/s.db")
+    store = EpochStore(f"sqlite:///{tmp_path}/s.db")
     spec = make_pipeline("memory_measured", **{"control.adaptive": True})
     paths = land(spec, files=4, rate_per_file=2_000)
-    execution.run_once(spec, epoch_log, spark, epoch_size=2, k=2, extra={
+    run_once(spec, store, spark, epoch_size=2, k=2, extra={
         "reason": "efficient group: slow start", "rate_rps": 2_000.0, "file_rate": 1.0, "partitions": 2})
-    epochs = epoch_log.epochs(spec.name)
+    epochs = store.epochs(spec.name)
     assert len(epochs) == 2 and all(e.timings.get("memory_peak_mb", 0) > 0 for e in epochs), \
         [e.timings for e in epochs]
     # the budget is Spark's unified memory: (heap - 300 MB reserved) * spark.memory.fraction
@@ -31,7 +32,7 @@ def test_a_group_records_the_memory_it_held_and_the_controllers_learn_it(spark, 
     # One commit per group reads the group's epochs together: one sample of all their records,
     # counted from the raw files (every line is one record read).
     lines = sum(1 for path in paths for line in path.read_text().splitlines() if line.strip())
-    state = adaptive.load_state(spec, epoch_log)
+    state = adaptive.load_state(spec, store)
     assert state.epoch.memory_unit == "group"
     assert state.epoch.memory_samples == [(float(lines), epochs[0].timings["memory_peak_mb"])]
-    epoch_log.close()
+    store.close()

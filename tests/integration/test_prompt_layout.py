@@ -11,11 +11,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from sluice import execution, protocol
+from sluice import protocol
 from sluice.control.prompt import hash_partition_sizes, imbalance, spark_hash
 from sluice.errors import SpecError
+from sluice.protocol.run import run_once
 from sluice.sinks import layout
-from sluice.store import EpochLog
+from sluice.store import EpochStore
 from tests.integration.test_concurrency import table_views, view_oracle
 from tests.pipelines import assert_matches_oracle, land, landed, make_pipeline
 
@@ -128,11 +129,11 @@ def test_placement_follows_the_plan_for_timestamp_keys(spark):
 
 
 def test_pipelines_with_prompt_partitioning_land_the_oracle(spark):
-    log = EpochLog()
+    log = EpochStore()
     # Aggregate-merge (YSB) with two-phase sums.
     agg = make_pipeline("prompt_agg", partitioning="prompt", **{"control.epoch_files": 2})
     land(agg, files=4, rate_per_file=400, malformed_fraction=0.02)
-    execution.run_once(agg, log, spark)
+    run_once(agg, log, spark)
     assert [e.state for e in log.epochs(agg.name)] == [protocol.PUBLISHED] * 2
     assert_matches_oracle(spark, agg, log)
     # One commit per group: the group's last epoch holds the key statistics of the commit.
@@ -145,7 +146,7 @@ def test_pipelines_with_prompt_partitioning_land_the_oracle(spark):
         "sinks": [{"name": "view_events", "mode": "append", "partition_by": ["ad_type"],
                    "path": "${SLUICE_DATA_DIR}/prompt_append/tables/view_events"}]})
     land(app, files=4, rate_per_file=300)
-    execution.run_once(app, log, spark)
+    run_once(app, log, spark)
     assert [e.state for e in log.epochs(app.name)] == [protocol.PUBLISHED] * 2
     assert table_views(spark, app.sinks[0].path) == view_oracle(landed(app))
     detail = spark.sql(f"DESCRIBE DETAIL delta.`{app.sinks[0].path}`").first()

@@ -10,9 +10,9 @@ import random
 from pathlib import Path
 
 from include.generators.ysb import raw_events, window_counts
-from sluice import execution
+from sluice.protocol.run import run_once
 from sluice.sources import source_for
-from sluice.store import EpochLog
+from sluice.store import EpochStore
 from tests.pipelines import land, landed, make_pipeline, rejected_lines, table_counts
 
 EXTRAS = [{"campaign_hint": "spring"}, {"score": 7, "nested": {"a": [1, 2]}}, {"flag": True}]
@@ -43,8 +43,8 @@ def test_unknown_fields_send_the_record_to_rejected_naming_them(spark):
     assert spec.source.unknown_fields == "reject"
     land(spec, files=3, malformed_fraction=0.03)
     drifting = land_drifting(spec)
-    log = EpochLog()
-    execution.run_once(spec, log, spark, drain=True)
+    log = EpochStore()
+    run_once(spec, log, spark, drain=True)
 
     schema = spec.source.schema_
     drifted = {(str(drifting), n) for n, line in enumerate(drifting.read_text().splitlines(), start=1)
@@ -64,7 +64,7 @@ def test_unknown_fields_send_the_record_to_rejected_naming_them(spark):
 def test_unknown_fields_are_rescued_for_the_transform(spark):
     spec = make_pipeline("drift_rescue", **{"source.unknown_fields": "rescue"})
     drifting = land_drifting(spec, seed=6)
-    log = EpochLog()
+    log = EpochStore()
     source = source_for(spec, log)
     end = source.discover()  # the drifting file and the template file it was made from
     rows = {(r["_file"], r["_line"]): r for r in source.read(spark, 0, end)

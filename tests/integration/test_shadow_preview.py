@@ -11,17 +11,17 @@ from datetime import UTC, datetime
 import pytest
 
 from include.generators.ysb import expected_window_counts
-from sluice import execution
+from sluice.delta.spark import SparkTables
 from sluice.preview import saved_previews, shadow_preview
-from sluice.sinks.delta import table_version
-from sluice.store import EpochLog
+from sluice.protocol.run import run_once
+from sluice.store import EpochStore
 from tests.integration.test_operations import BUGGY, rollback_and_recompute
 from tests.pipelines import land, landed, make_pipeline, table_counts
 
 
 @pytest.fixture
-def epoch_log():
-    log = EpochLog()
+def store():
+    log = EpochStore()
     yield log
     log.close()
 
@@ -31,27 +31,27 @@ def shadow_counts(spark, path: str) -> dict[tuple[str, int], int]:
             for r in spark.read.format("delta").load(path).collect()}
 
 
-def test_a_shadow_preview_predicts_the_rollback_and_changes_nothing(spark, epoch_log):
+def test_a_shadow_preview_predicts_the_rollback_and_changes_nothing(spark, store):
     sizes = {"control.epoch_files": 2, "control.group_epochs": 2, "validation.policy": "quarantine",
              "spark.mode": "in_process"}
     spec = make_pipeline("shadow", **sizes)
     land(spec, files=8, seed=12)
-    execution.run_once(spec, epoch_log, spark)  # epochs 0, 1: the good release
+    run_once(spec, store, spark)  # epochs 0, 1: the good release
     buggy = make_pipeline("shadow", transform=BUGGY, **sizes)
-    execution.run_once(buggy, epoch_log, spark, drain=True)  # epochs 2, 3: half the campaigns quarantined
+    run_once(buggy, store, spark, drain=True)  # epochs 2, 3: half the campaigns quarantined
     published = table_counts(spark, spec)
     oracle = expected_window_counts(landed(spec))
     assert published != oracle
-    version = table_version(spark, spec.sinks[0].path)
-    before = [(e.epoch_id, e.state, e.generation) for e in epoch_log.epochs(spec.name)]
+    version = SparkTables(spark).version(spec.sinks[0].path)
+    before = [(e.epoch_id, e.state, e.generation) for e in store.epochs(spec.name)]
 
-    report = shadow_preview(spec, epoch_log, spark, to_epoch=2)  # the fixed release is the current code
+    report = shadow_preview(spec, store, spark, to_epoch=2)  # the fixed release is the current code
     assert not report.problems and report.recomputed_epochs == [2, 3] and report.restored_to_epoch == 2
     (diff,) = report.sinks
     # Nothing changed: the table's version, its rows, the epoch log.
-    assert table_version(spark, spec.sinks[0].path) == version and table_counts(spark, spec) == published
-    assert [(e.epoch_id, e.state, e.generation) for e in epoch_log.epochs(spec.name)] == before
-    assert epoch_log.generation(spec.name) == 0 and epoch_log.pending_rollback(spec.name) is None
+    assert SparkTables(spark).version(spec.sinks[0].path) == version and table_counts(spark, spec) == published
+    assert [(e.epoch_id, e.state, e.generation) for e in store.epochs(spec.name)] == before
+    assert store.generation(spec.name) == 0 and store.pending_rollback(spec.name) is None
     # The shadow holds the oracle; the diff is published -> oracle, key by key.
     assert shadow_counts(spark, diff.shadow_path) == dict(oracle)
     added = {k for k in oracle if k not in published}
@@ -69,14 +69,14 @@ def test_a_shadow_preview_predicts_the_rollback_and_changes_nothing(spark, epoch
     assert saved_previews(spec.name)[0]["preview_id"] == report.preview_id
 
     # The rollback it previewed leaves exactly the shadow's rows.
-    rollback_and_recompute(spark, spec, epoch_log, to_epoch=2)
+    rollback_and_recompute(spark, spec, store, to_epoch=2)
     assert table_counts(spark, spec) == shadow_counts(spark, diff.shadow_path) == oracle
 
     # Previewed again with the same code: nothing would change. A bad epoch is reported.
-    again = shadow_preview(spec, epoch_log, spark, to_epoch=3)  # the recompute wrote 2 and 3 in one commit
+    again = shadow_preview(spec, store, spark, to_epoch=3)  # the recompute wrote 2 and 3 in one commit
     assert again.as_dict()["unchanged"] and again.recomputed_epochs == [2, 3] and again.restored_to_epoch == 2
     assert again.notes and "epochs [2] share a Delta commit with epoch 3" in again.notes[0]
-    refused = shadow_preview(spec, epoch_log, spark, to_epoch=99)
+    refused = shadow_preview(spec, store, spark, to_epoch=99)
     assert refused.problems and not refused.sinks
     assert [p["preview_id"] for p in saved_previews(spec.name)] == [refused.preview_id, again.preview_id,
                                                                     report.preview_id]

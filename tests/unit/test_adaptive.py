@@ -1,6 +1,6 @@
 """The glue between the controllers and a pipeline (no Spark): arrival rates from landed files,
 the firing rules, and controller state that a published group updates and that survives a
-restart (a new EpochLog on the same store)."""
+restart (a new EpochStore on the same store)."""
 
 from __future__ import annotations
 
@@ -10,16 +10,18 @@ from pathlib import Path
 
 import pytest
 
-from sluice import adaptive, protocol
-from sluice.store import EpochLog
+from sluice import adaptive
+from sluice.protocol.leases import acquire_lease
+from sluice.protocol.planning import plan_group
+from sluice.store import EpochStore
 from tests.pipelines import make_pipeline
 
 
 @pytest.fixture
 def log(tmp_path: Path):
-    epoch_log = EpochLog(f"sqlite:///{tmp_path}/s.db")
-    yield epoch_log
-    epoch_log.close()
+    store = EpochStore(f"sqlite:///{tmp_path}/s.db")
+    yield store
+    store.close()
 
 
 def test_arrival_rates_count_recent_files_and_scale_by_records_per_file(log):
@@ -44,14 +46,14 @@ def test_fixed_sizes_unless_adaptive(log):
 def test_a_published_group_updates_the_persisted_state(log, tmp_path):
     spec = make_pipeline("adaptive_learns", **{"control.adaptive": True, "control.epoch_files": 2})
     log.register_files(spec.name, [(f"/l/f{i}.json", 10, 100.0 + i) for i in range(4)])
-    lease = log.acquire_lease(spec.name, "run")
+    lease = acquire_lease(log, spec.name, "run")
     fired_at = 1_000.0
-    group = log.plan_group(lease, epoch_size=2, k=2, plan={
+    group = plan_group(log, lease, epoch_size=2, k=2, plan={
         "reason": "efficient group: slow start", "partitions": 2, "fired_at": fired_at,
         "rate_rps": 2000.0, "file_rate": 1.0})
     for e in group.epochs:
-        log.mark_committed(lease, e, delta_versions={}, rows={"input": 4000}, timings={"epoch_s": 5.0})
-    group = log.finish_group(lease, group.group_id, protocol.PUBLISHED)
+        log.mark_committed(lease, [(e, {}, {"input": 4000}, {"epoch_s": 5.0}, None)])
+    group = log.finish_group(lease, group.group_id)
     assert log.control_state(spec.name) is None
     note = adaptive.record_group(spec, log, group, now=fired_at + 30.0)  # 20 s of coordination
     assert note and "k=" in note
@@ -59,7 +61,7 @@ def test_a_published_group_updates_the_persisted_state(log, tmp_path):
     assert saved["last_group_id"] == group.group_id
     assert saved["group"]["coordination_s"] == pytest.approx(20.0)
 
-    restarted = EpochLog(log.url)  # a new process: the same state from the store
+    restarted = EpochStore(log.url)  # a new process: the same state from the store
     state = adaptive.load_state(spec, restarted)
     assert state.to_dict() == saved
     assert adaptive.records_per_file(spec, restarted) == pytest.approx(2000.0)
@@ -89,12 +91,12 @@ def test_objective_cost_waits_for_the_deadline_then_takes_the_whole_backlog(log)
                                              "control.freshness_sla_s": 60, "control.poll_interval_s": 1})
     # One published group teaches the planner: 2 epochs of 5 files at 2 s each, 8 s of coordination.
     log.register_files(spec.name, [(f"/l/f{i}.json", 10, 100.0 + i) for i in range(10)])
-    lease = log.acquire_lease(spec.name, "run")
-    group = log.plan_group(lease, epoch_size=5, k=2, plan={
+    lease = acquire_lease(log, spec.name, "run")
+    group = plan_group(log, lease, epoch_size=5, k=2, plan={
         "reason": "freshness: deadline", "partitions": 2, "fired_at": 1_000.0, "rate_rps": 100.0, "file_rate": 1.0})
     for e in group.epochs:
-        log.mark_committed(lease, e, delta_versions={}, rows={"input": 500}, timings={"epoch_s": 2.0})
-    group = log.finish_group(lease, group.group_id, protocol.PUBLISHED)
+        log.mark_committed(lease, [(e, {}, {"input": 500}, {"epoch_s": 2.0}, None)])
+    group = log.finish_group(lease, group.group_id)
     adaptive.record_group(spec, log, group, now=1_012.0)
     assert adaptive.seconds_per_file(spec, log) == pytest.approx(0.4)
 
@@ -119,7 +121,7 @@ def test_objective_cost_needs_adaptive_control():
 
 
 def test_why_a_group_started_is_recorded_with_it(log):
-    from sluice.execution import SensedPlan
+    from sluice.protocol.run import SensedPlan
 
     spec = make_pipeline("adaptive_why", **{"control.epoch_files": 3, "control.group_epochs": 5,
                                             "control.freshness_sla_s": 60})
@@ -133,7 +135,7 @@ def test_why_a_group_started_is_recorded_with_it(log):
     # the sensor's plan reaches the group's record through the plan step's XCom
     sensed = SensedPlan.fired(json.loads(json.dumps(verdict.plan())), None, {})
     log.register_files(spec.name, [(f"/l/f{i}.json", 10, 100.0 + i) for i in range(15)])
-    group = log.plan_group(log.acquire_lease(spec.name, "run"), epoch_size=3, k=5,
+    group = plan_group(log, acquire_lease(log, spec.name, "run"), epoch_size=3, k=5,
                            plan={**sensed.measured(), "reason": sensed.reason})
     started = log.group_plans(spec.name)[group.group_id]["started"]
     assert started == verdict.started.as_record()
@@ -170,13 +172,13 @@ def test_the_cost_model_learns_from_the_records_read_not_the_guessed_rate(log):
     samples must use the records its epochs read, or the next group's size is off by 1000x."""
     spec = make_pipeline("adaptive_records", **{"control.adaptive": True})
     log.register_files(spec.name, [(f"/l/f{i}.json", 10, 100.0 + i) for i in range(4)])
-    lease = log.acquire_lease(spec.name, "run")
-    group = log.plan_group(lease, epoch_size=2, k=2, plan={
+    lease = acquire_lease(log, spec.name, "run")
+    group = plan_group(log, lease, epoch_size=2, k=2, plan={
         "reason": "efficient group: slow start", "partitions": 2, "fired_at": 1_000.0,
         "rate_rps": 1.0, "file_rate": 1.0})  # the guess: one record per file
     for e in group.epochs:
-        log.mark_committed(lease, e, delta_versions={}, rows={"input": 3000}, timings={"epoch_s": 4.0})
-    adaptive.record_group(spec, log, log.finish_group(lease, group.group_id, protocol.PUBLISHED), now=1_030.0)
+        log.mark_committed(lease, [(e, {}, {"input": 3000}, {"epoch_s": 4.0}, None)])
+    adaptive.record_group(spec, log, log.finish_group(lease, group.group_id), now=1_030.0)
     state = adaptive.load_state(spec, log)
     assert state.epoch.epoch_cost() == (0.0, pytest.approx(4.0 / 3000))  # through the origin: one size seen
     # at 1,500 records a file, 1 file/s: 1 - 2.0 s of work per file < 0, nothing is stable -> the budget;

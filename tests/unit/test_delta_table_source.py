@@ -12,10 +12,11 @@ from pathlib import Path
 import pytest
 
 from sluice.errors import SourceError, SpecError
+from sluice.protocol.operations import skip_entry
 from sluice.sources import source_for
 from sluice.sources.delta_table import DeltaTableSource
 from sluice.spec import load_spec
-from sluice.store import EpochLog
+from sluice.store import EpochStore
 
 T0 = 1_767_225_600  # commit times, seconds
 
@@ -54,12 +55,12 @@ def setup(tmp_path):
             path: {tmp_path / "down" / "out"}
         """))
     spec = load_spec(spec_path)
-    log = EpochLog(f"sqlite:///{tmp_path / 'store.db'}")
+    log = EpochStore(f"sqlite:///{tmp_path / 'store.db'}")
     yield upstream, spec, log
     log.close()
 
 
-def registered(log: EpochLog, spec) -> list[str]:
+def registered(log: EpochStore, spec) -> list[str]:
     return [e.path.rsplit("@", 1)[1] for e in log.manifest(spec.name)]
 
 
@@ -103,7 +104,7 @@ def test_an_upstream_restore_stops_the_pipeline_until_the_undone_versions_are_sk
         source.check_retained(0, 2)
     assert registered(log, spec) == ["0", "1", "2", "3"], "nothing registered while stopped"
     for v in (2, 3):
-        log.skip_file(spec.name, f"delta://{upstream}@{v}", by="test", reason="upstream restore")
+        skip_entry(log, spec.name, f"delta://{upstream}@{v}", by="test", reason="upstream restore")
     assert source.discover() == 5 and registered(log, spec) == ["0", "1", "2", "3", "5"]
 
 

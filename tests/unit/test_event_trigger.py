@@ -76,7 +76,7 @@ def take(agen, n: int, timeout: float = 10.0) -> list:
 @pytest.fixture
 def store(monkeypatch):
     FakeStore.opened = []
-    monkeypatch.setattr(triggers, "EpochLog", FakeStore)
+    monkeypatch.setattr(triggers, "EpochStore", FakeStore)
     return FakeStore.opened
 
 

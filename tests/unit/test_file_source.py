@@ -14,9 +14,11 @@ if _PLUGINS not in sys.path:
     sys.path.insert(0, _PLUGINS)
 
 from sluice.errors import SourceError  # noqa: E402
+from sluice.protocol.leases import acquire_lease  # noqa: E402
+from sluice.protocol.planning import plan_group  # noqa: E402
 from sluice.sources import FileSource  # noqa: E402
 from sluice.spec import load_spec  # noqa: E402
-from sluice.store import EpochLog  # noqa: E402
+from sluice.store import EpochStore  # noqa: E402
 
 NAME = "landing_test"
 T0 = 1_700_000_000.0  # a fixed mtime base, long ago
@@ -50,9 +52,9 @@ sinks:
 
 @pytest.fixture
 def log(tmp_path: Path):
-    epoch_log = EpochLog(f"sqlite:///{tmp_path}/s.db")
-    yield epoch_log
-    epoch_log.close()
+    store = EpochStore(f"sqlite:///{tmp_path}/s.db")
+    yield store
+    store.close()
 
 
 @pytest.fixture
@@ -142,8 +144,8 @@ def test_backlog_excludes_planned_files_and_counts_registered_and_new(source, lo
     for i in range(5):
         land(landing, f"f{i}.json", T0 + i, "x" * (i + 1))
     source.discover()
-    lease = log.acquire_lease(NAME, "run-1")
-    log.plan_group(lease, epoch_size=2, k=1)  # plans f0, f1
+    lease = acquire_lease(log, NAME, "run-1")
+    plan_group(log, lease, epoch_size=2, k=1)  # plans f0, f1
     land(landing, "g.json", T0 + 10, "x" * 100)  # landed, not registered yet
     backlog = source.backlog()
     assert backlog.next_offset == 2
@@ -244,7 +246,7 @@ def test_a_symbolic_link_out_of_the_landing_folder_is_refused_and_reported(sourc
     backlog = source.backlog()
     assert backlog.files == 3 and len(backlog.as_dict()["refused"]) == 2
     source.discover()
-    assert str(secret) not in {e.path for e in source.log.manifest(source.spec.name)}
+    assert str(secret) not in {e.path for e in source.store.manifest(source.spec.name)}
 
 
 def test_a_file_landed_again_with_new_content_is_new_data_kept_as_a_copy(source, log, landing, caplog):

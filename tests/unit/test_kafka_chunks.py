@@ -11,9 +11,11 @@ import yaml
 
 from sluice.errors import SourceError, SpecError
 from sluice.paths import project_root
+from sluice.protocol.leases import acquire_lease
+from sluice.protocol.planning import plan_group
 from sluice.sources.kafka import Chunk, chunk_ranges, chunk_times, merge_adjacent, partition_ranges
 from sluice.spec import load_spec
-from sluice.store import EpochLog
+from sluice.store import EpochStore
 
 
 def test_offsets_are_cut_into_chunks_that_cover_them_once():
@@ -49,7 +51,7 @@ def test_partition_ranges_and_adjacent_chunks_of_one_epoch_merge():
 
 
 def test_the_stores_chunk_ends_are_each_partitions_highest_end(db_url):
-    """``EpochLog.chunk_ends`` (one SQL aggregate, SQLite and Postgres) against a scan of the
+    """``EpochStore.chunk_ends`` (one SQL aggregate, SQLite and Postgres) against a scan of the
     chunks parsed in Python: numeric ends (not text order), chunks registered out of offset
     order (by first-record timestamp), other topics and pipelines left out."""
     topic = "ysb.events-1"
@@ -59,7 +61,7 @@ def test_the_stores_chunk_ends_are_each_partitions_highest_end(db_url):
     ts = [1000.0 - i for i in range(len(chunks))]  # the last chunks' records are the oldest
     others = [Chunk("ysb", 0, 0, 5000).path, Chunk("YSB.EVENTS-1", 3, 0, 10).path, Chunk("ysb.events", 0, 0, 9).path,
               "/landing/ysb-000001.json"]
-    log = EpochLog(db_url)
+    log = EpochStore(db_url)
     try:
         assert log.chunk_ends("k", Chunk.prefix(topic)) == {}
         log.register_files("k", [(c.path, c.end - c.start, t) for c, t in zip(chunks, ts, strict=True)]
@@ -124,7 +126,7 @@ def test_backlog_counts_planned_registered_and_unregistered_chunks(tmp_path, mon
     monkeypatch.setattr(kafka, "RECENT_CHUNKS", recent)
     monkeypatch.setattr(kafka.time, "time", lambda: 6000.0)
     spec = load_spec(kafka_spec(tmp_path))  # topic ysb, chunk_records 1000
-    log = EpochLog(f"sqlite:///{tmp_path}/s.db")
+    log = EpochStore(f"sqlite:///{tmp_path}/s.db")
     try:
         source = kafka.KafkaSource(spec, log)
         broker = FakeBroker({0: (0, 2500), 1: (0, 1000), 2: (0, 300)})
@@ -133,8 +135,8 @@ def test_backlog_counts_planned_registered_and_unregistered_chunks(tmp_path, mon
         assert [e.path for e in log.manifest(spec.name)] == [
             "kafka://ysb/0/0-1000", "kafka://ysb/0/1000-2000", "kafka://ysb/0/2000-2500", "kafka://ysb/1/0-1000",
             "kafka://ysb/2/0-300"]
-        lease = log.acquire_lease(spec.name, "run")
-        log.plan_group(lease, epoch_size=2, k=1)  # [0, 2) planned
+        lease = acquire_lease(log, spec.name, "run")
+        plan_group(log, lease, epoch_size=2, k=1)  # [0, 2) planned
         broker.marks.update({0: (0, 3100), 3: (0, 50)})  # partition 0 grew; partition 3 is new
         backlog = source.backlog()
         assert (backlog.files, backlog.records, backlog.next_offset) == (5, 500 + 1000 + 300 + 600 + 50, 2)

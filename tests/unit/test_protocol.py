@@ -262,7 +262,7 @@ def test_sink_app_id_changes_with_generation():
 
 
 def test_a_dead_driver_is_told_apart_from_a_failing_transform():
-    from sluice.runner import driver_died
+    from sluice.compute import driver_died
 
     class Py4JNetworkError(Exception):
         pass

@@ -12,7 +12,8 @@ from alembic.runtime.migration import MigrationContext
 from sqlalchemy import create_engine, inspect, text
 
 from sluice.errors import ProtocolError
-from sluice.store import EpochLog, schema
+from sluice.protocol.leases import acquire_lease
+from sluice.store import EpochStore, schema
 from sluice.store.models import Base
 
 #: Columns earlier releases added after the tables first shipped (all nullable).
@@ -21,7 +22,7 @@ LATER_COLUMNS = {"sluice_pipelines": ["pending_rollback"], "sluice_epochs": ["or
 
 
 def test_migrations_build_exactly_the_models_schema(db_url):
-    EpochLog(db_url).close()
+    EpochStore(db_url).close()
     engine = create_engine(db_url)
     with engine.connect() as conn:
         assert schema.current(conn) == schema.head()
@@ -41,10 +42,10 @@ def test_a_store_an_earlier_release_made_is_adopted_with_its_rows(db_url):
         conn.execute(text("INSERT INTO sluice_pipelines (name, generation, fence, created_at) "
                           "VALUES ('old', 3, 7, '2026-01-01 00:00:00')"))
     engine.dispose()
-    log = EpochLog(db_url)
+    log = EpochStore(db_url)
     try:
         assert log.generation("old") == 3 and log.pending_rollback("old") is None
-        lease = log.acquire_lease("old", "run")
+        lease = acquire_lease(log, "old", "run")
         assert lease.fence == 8
     finally:
         log.close()
@@ -59,7 +60,7 @@ def test_a_store_an_earlier_release_made_is_adopted_with_its_rows(db_url):
 def _open(url: str, barrier, results) -> None:
     try:
         barrier.wait(timeout=30)
-        EpochLog(url).close()
+        EpochStore(url).close()
         results.put("ok")
     except Exception as exc:  # reported to the test
         results.put(f"{type(exc).__name__}: {exc}"[:500])
@@ -82,7 +83,7 @@ def test_processes_opening_a_new_store_together_migrate_it_once(db_url):
 
 
 def test_a_store_a_newer_release_migrated_is_refused(db_url):
-    EpochLog(db_url).close()
+    EpochStore(db_url).close()
     engine = create_engine(db_url)
     with engine.begin() as conn:
         conn.execute(text(f"UPDATE {schema.VERSION_TABLE} SET version_num = '0099_from_the_future'"))

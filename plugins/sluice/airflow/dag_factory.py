@@ -38,7 +38,7 @@ from sluice.airflow.operators import (
 from sluice.airflow.sensors import BacklogSensor
 from sluice.airflow.triggers import BacklogEventTrigger
 from sluice.paths import JOBS_DIR, RUN_GROUP_APP, jars_dir
-from sluice.protocol import LeaseOwner
+from sluice.model import LeaseOwner
 from sluice.spark import JAR_NAMES, remote_url, run_once_java_options, spark_conf
 from sluice.spec import PipelineSpec
 

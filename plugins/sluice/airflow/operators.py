@@ -17,13 +17,15 @@ from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOpe
 from airflow.sdk import Asset, AssetAlias, BaseOperator
 from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
-from sluice import execution
+from sluice.airflow.hooks import SluiceStoreHook
 from sluice.errors import OperatorActionRequired, PipelineBusyError, SluiceError
-from sluice.execution import GroupPlan, SensedPlan
 from sluice.logs import quiet_libraries
-from sluice.protocol import LeaseOwner
+from sluice.model import LeaseOwner
+from sluice.protocol import operations
+from sluice.protocol.leases import acquire_lease
+from sluice.protocol.run import GroupPlan, PipelineRun, SensedPlan
+from sluice.protocol.runtime import Runtime
 from sluice.spec import PipelineSpec, SinkSpec, get_spec
-from sluice.store import EpochLog, store_url
 
 #: How long plan_group waits between tries while another run of the pipeline holds its lease.
 BUSY_WAIT_S = 15
@@ -96,21 +98,10 @@ def backfill_interval(context: Any, schedule: str | None) -> tuple[Any, Any]:
 
 
 def pipeline_store() -> str:
-    """The epoch store's URL as this task resolves it (``store_url``: ``$SLUICE_STORE_URL``, the
-    ``sluice_store`` connection, or SQLite under ``$AIRFLOW_HOME``), its password masked in the
-    task's logs. Every step resolves it the same way, so it never travels in XCom or in a
-    rendered template field, where anyone who may read the DAG would see the password."""
-    from airflow.sdk.log import mask_secret
-    from sqlalchemy.engine import make_url
-
-    url = store_url()
-    try:
-        password = make_url(url).password
-    except Exception:  # not a URL SQLAlchemy parses: EpochLog will say so
-        password = None
-    if password:
-        mask_secret(str(password))
-    return url
+    """The epoch store's URL as this task resolves it (``SluiceStoreHook``), its password masked
+    in the task's logs. Every step resolves it the same way, so it never travels in XCom or in
+    a rendered template field, where anyone who may read the DAG would see the password."""
+    return SluiceStoreHook().get_url()
 
 
 def release_lease_on_failure(context: Any) -> None:
@@ -122,11 +113,11 @@ def release_lease_on_failure(context: Any) -> None:
         spec = get_spec(params.get("pipeline") or dag_id)
     except SluiceError:
         return
-    log = EpochLog(pipeline_store())
+    store = SluiceStoreHook().get_store()
     try:
-        execution.release(spec, log, lease_owner(dag_id, run_id))
+        PipelineRun(spec, store, lease_owner(dag_id, run_id)).release()
     finally:
-        log.close()
+        store.close()
 
 
 class _SluiceOperator(BaseOperator):
@@ -172,7 +163,7 @@ class PlanGroupOperator(_SluiceOperator):
         params = context["params"]
         sensed = SensedPlan.from_xcom(context["ti"].xcom_pull(task_ids=self.sensor_task_id))
         dag_id, run_id = context["dag"].dag_id, context["run_id"]
-        log = EpochLog(pipeline_store())
+        store = SluiceStoreHook().get_store()
         dag_run = context["dag_run"]
         interval = None
         if str(getattr(dag_run.run_type, "value", dag_run.run_type)) == "backfill":
@@ -186,11 +177,11 @@ class PlanGroupOperator(_SluiceOperator):
         try:
             while True:
                 try:
-                    group = execution.plan(spec, log, lease_owner(dag_id, run_id),
-                                           epoch_size=params.get("epoch_size") or sensed.epoch_size,
-                                           k=params.get("k") or sensed.k, reason=sensed.reason,
-                                           take_over_prefix=take_over, recover=self.recover, interval=interval,
-                                           resume_own=True, extra=sensed.measured(), alive=alive)
+                    group = PipelineRun(spec, store, lease_owner(dag_id, run_id)).plan(
+                        epoch_size=params.get("epoch_size") or sensed.epoch_size, k=params.get("k") or sensed.k,
+                        reason=sensed.reason, take_over_prefix=take_over, recover=self.recover, interval=interval,
+                        resume_own=True, extra=sensed.measured(), alive=alive,
+                        withdraw_rollback=self.recover and bool(params.get("withdraw_rollback")))
                     break
                 except PipelineBusyError as exc:
                     # Another run (a backfill beside a scheduled run) has the pipeline: wait for
@@ -201,7 +192,7 @@ class PlanGroupOperator(_SluiceOperator):
                     time.sleep(BUSY_WAIT_S)
                     waited += BUSY_WAIT_S
         finally:
-            log.close()
+            store.close()
         if group is None:
             what = ("no failed or unfinished epochs" if self.recover
                     else "no epoch's data arrived in this interval" if interval else "no unplanned data")
@@ -250,15 +241,15 @@ class RunGroupOperator(_PlannedGroupOperator):
         from sluice.spark import get_session
 
         spec, planned, owner, url = self.planned(context)
-        log = EpochLog(url)
+        store = SluiceStoreHook().get_store()
         reused = SparkSession.getActiveSession() is not None  # dag.test() in a process with Spark
-        spark = get_session(f"sluice-{spec.name}", extra_conf=spec.spark.conf)
+        runtime = Runtime.spark(lambda: get_session(f"sluice-{spec.name}", extra_conf=spec.spark.conf),
+                                alive=dag_run_alive, stop=not reused)
         try:
-            result = execution.run(spec, log, owner, planned.group_id, spark, alive=dag_run_alive)
+            result = PipelineRun(spec, store, owner, runtime).process(planned.group_id)
         finally:
-            if not reused:
-                spark.stop()
-            log.close()
+            runtime.close()
+            store.close()
         for rollback in result["rollbacks"]:
             self.log.info("Rolled back to epoch %s (generation %s -> %s): %s", rollback["to_epoch"],
                           rollback["from_generation"], rollback["generation"], rollback["reason"])
@@ -321,28 +312,27 @@ class RollbackOperator(_PipelineOperator):
             approver = (answer.get("responded_by_user") or {}).get("name")
             require_second_person(spec.name, context["dag_run"].triggering_user_name, approver)
         owner = lease_owner(context["dag"].dag_id, context["run_id"])
-        log = EpochLog(pipeline_store())
+        store = SluiceStoreHook().get_store()
         reused = SparkSession.getActiveSession() is not None
-        spark = None
+        runtime = Runtime.spark(lambda: get_session(f"sluice-rollback-{spec.name}", extra_conf=spec.spark.conf),
+                                stop=not reused)
         try:
             take_over = LeaseOwner.runs_of(spec.name) if params.get("take_over") else None
-            lease = log.acquire_lease(spec.name, owner, ttl_s=spec.control.lease_ttl_s, take_over_prefix=take_over)
+            lease = acquire_lease(store, spec.name, owner, ttl_s=spec.control.lease_ttl_s, take_over_prefix=take_over)
             try:
-                spark = get_session(f"sluice-rollback-{spec.name}", extra_conf=spec.spark.conf)
-                report = execution.rollback(spec, log, spark, lease, to_epoch=int(params["to_epoch"]),
-                                            reason=params["reason"], recompute=bool(params["recompute"]))
+                report = operations.rollback(spec, store, runtime, lease, to_epoch=int(params["to_epoch"]),
+                                             reason=params["reason"], recompute=bool(params["recompute"]))
             except BaseException:
-                log.release_lease(lease)
+                store.release_lease(lease)
                 raise
             if not params["recompute"]:
-                log.release_lease(lease)
+                store.release_lease(lease)
             # The steps after this one run the recomputed group (none without recompute).
-            recomputed = log.group(spec.name, report["group_id"]) if report["group_id"] is not None else None
+            recomputed = store.group(spec.name, report["group_id"]) if report["group_id"] is not None else None
             plan = GroupPlan.of(recomputed) if recomputed else GroupPlan(spec.name, None)
         finally:
-            if spark is not None and not reused:
-                spark.stop()
-            log.close()
+            runtime.close()
+            store.close()
         self.log.info("Rolled %s back to epoch %s: generation %s -> %s; restored %s; rolled back %s",
                       spec.name, report["to_epoch"], report["from_generation"], report["generation"],
                       json.dumps(report["restored"]), [r[0] for r in report["rolled_back"]])
@@ -371,17 +361,17 @@ class ShadowPreviewOperator(_PipelineOperator):
         from sluice.spark import get_session
 
         spec = get_spec(self.pipeline)
-        log = EpochLog(pipeline_store())
+        store = SluiceStoreHook().get_store()
         reused = SparkSession.getActiveSession() is not None
         spark = None
         try:
             spark = get_session(f"sluice-preview-{spec.name}", extra_conf=spec.spark.conf)
-            report = shadow_preview(spec, log, spark, int(context["params"]["to_epoch"]),
-                                    preview_id=context["run_id"].replace(":", "_").replace("+", "_"))
+            report = shadow_preview(spec, store, spark, int(context["params"]["to_epoch"]),
+                                    preview_id=context["run_id"])
         finally:
             if spark is not None and not reused:
                 spark.stop()
-            log.close()
+            store.close()
         for line in report.problems + report.notes:
             self.log.info("%s", line)
         for diff in report.sinks:
@@ -400,12 +390,12 @@ class SkipFileOperator(_PipelineOperator):
     def act(self, context: Any) -> dict[str, Any]:
         params = context["params"]
         spec = get_spec(self.pipeline)
-        log = EpochLog(pipeline_store())
+        store = SluiceStoreHook().get_store()
         try:
-            report = execution.skip_file(spec, log, params["file"], reason=params["reason"],
-                                         by=lease_owner(context["dag"].dag_id, context["run_id"]))
+            report = operations.skip_file(spec, store, params["file"], reason=params["reason"],
+                                          by=lease_owner(context["dag"].dag_id, context["run_id"]))
         finally:
-            log.close()
+            store.close()
         self.log.info("Skipped %s (offset %s) of %s: %s; epochs %s read without it", report["file"],
                       report["position"], spec.name, params["reason"], report["epochs"])
         return report
@@ -419,11 +409,11 @@ class ValidateOperator(_PlannedGroupOperator):
 
     def act(self, context: Any) -> dict[str, Any]:
         spec, _, owner, url = self.planned(context)
-        log = EpochLog(url)
+        store = SluiceStoreHook().get_store()
         try:
-            report = execution.validate(spec, log, owner)
+            report = PipelineRun(spec, store, owner).validate()
         finally:
-            log.close()
+            store.close()
         self.log.info("Validation of %s (policy %s):\n%s", spec.name, spec.validation.policy,
                       _validation_table(report["epochs"]))
         return report
@@ -443,12 +433,15 @@ class CheckpointOperator(_PlannedGroupOperator):
         self.change = change
 
     def act(self, context: Any) -> dict[str, Any]:
+        from sluice.spark import get_session
+
         spec, planned, owner, url = self.planned(context)
-        log = EpochLog(url)
+        store = SluiceStoreHook().get_store()
+        runtime = Runtime.spark(lambda: get_session(f"sluice-{spec.name}", extra_conf=spec.spark.conf))
         try:
-            result = execution.checkpoint(spec, log, owner, planned.group_id)
+            result = PipelineRun(spec, store, owner, runtime).publish()  # no Spark: records are files
         finally:
-            log.close()
+            store.close()
         for group in result["groups"]:
             self.log.info("Published group %s of %s:\n%s", group["group_id"], spec.name,
                           _epoch_table(group["epochs"]))

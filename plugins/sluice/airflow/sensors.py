@@ -11,7 +11,7 @@ from airflow.sdk import BaseSensorOperator, PokeReturnValue
 from airflow.sdk.exceptions import AirflowException, AirflowSkipException
 
 from sluice.airflow.triggers import BacklogTrigger, check_backlog, queued_runs, should_give_way
-from sluice.execution import SensedPlan
+from sluice.protocol.run import SensedPlan
 
 
 def plan_from(ready: dict[str, Any], params: dict[str, Any]) -> dict[str, Any]:

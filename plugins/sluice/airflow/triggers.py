@@ -18,7 +18,7 @@ from airflow.triggers.base import BaseEventTrigger, BaseTrigger, TriggerEvent
 from sqlalchemy import make_url
 
 from sluice import adaptive, protocol
-from sluice.store import EpochLog
+from sluice.store import EpochStore
 
 if TYPE_CHECKING:
     from sluice.sources import Backlog
@@ -28,27 +28,27 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 
-def poll_source(spec: PipelineSpec, epoch_log: EpochLog) -> Backlog:
+def poll_source(spec: PipelineSpec, store: EpochStore) -> Backlog:
     """The source's backlog: the one poll of the source that both the backlog triggers
     (``check_backlog``) and the freshness trigger (``measure_freshness``) make. Blocking."""
     from sluice.sources import source_for
 
-    return source_for(spec, epoch_log).backlog()
+    return source_for(spec, store).backlog()
 
 
 async def poll_forever(pipeline: str, what: str, poll_interval: float,
-                       poll: Callable[[EpochLog], T]) -> AsyncIterator[T]:
+                       poll: Callable[[EpochStore], T]) -> AsyncIterator[T]:
     """The event triggers' loop: every ``poll_interval`` seconds, ``poll`` (blocking) runs in a
     thread on one store (``$SLUICE_STORE_URL`` or the ``sluice_store`` connection, opened for
     the life of the loop) and its result is yielded. A poll that fails yields nothing: it is
     logged once per distinct error and retried. Iterate it under ``contextlib.aclosing``, so
     the store is closed as soon as the trigger stops."""
     reported: str | None = None
-    epoch_log = await asyncio.to_thread(EpochLog)
+    store = await asyncio.to_thread(EpochStore)
     try:
         while True:
             try:
-                result = await asyncio.to_thread(poll, epoch_log)
+                result = await asyncio.to_thread(poll, store)
             except Exception as exc:
                 message = f"{type(exc).__name__}: {exc}"
                 if message != reported:  # once per distinct error, not at every poll
@@ -60,10 +60,10 @@ async def poll_forever(pipeline: str, what: str, poll_interval: float,
                 yield result
             await asyncio.sleep(poll_interval)
     finally:
-        epoch_log.close()
+        store.close()
 
 
-def check_backlog(pipeline: str, store_url: str | None, min_files: int = 1, epoch_log: EpochLog | None = None,
+def check_backlog(pipeline: str, store_url: str | None, min_files: int = 1, store: EpochStore | None = None,
                   continuous: bool = True) -> dict[str, Any] | None:
     """One poll: ``{"backlog", "plan"}`` when a group should start, else ``None``.
 
@@ -72,29 +72,30 @@ def check_backlog(pipeline: str, store_url: str | None, min_files: int = 1, epoc
     (epoch size, k, partitions, reason) comes from the adaptive controllers
     (``sluice.adaptive``). Blocking (file listing, SQL): the trigger runs it in a thread.
     """
+    from sluice.protocol.planning import halt_reason
     from sluice.spec import get_spec
 
     spec = get_spec(pipeline)
-    log = epoch_log or EpochLog(store_url)
+    opened = store or EpochStore(store_url)
     try:
-        if log.halt_reason(spec.name, spec.control.max_attempts):
+        if halt_reason(opened, spec.name, spec.control.max_attempts, spec.control.max_crashes):
             return None  # a halted pipeline waits for an operator (recover, skip a file, roll back)
-        backlog = poll_source(spec, log)
-        verdict = adaptive.decide(spec, log, backlog.files, backlog.oldest_age_s, list(backlog.arrivals),
+        backlog = poll_source(spec, opened)
+        verdict = adaptive.decide(spec, opened, backlog.files, backlog.oldest_age_s, list(backlog.arrivals),
                                   continuous=continuous)
         if backlog.files >= min_files and verdict.fire is not None:
             return {"backlog": backlog.as_dict(), "plan": verdict.plan()}
         # Epochs a failed run left behind (below max_attempts) are retried without new data;
         # not while a run holds the lease (it is working on them).
-        leftovers = [e.epoch_id for e in log.epochs(spec.name) if e.state in protocol.UNPUBLISHED]
-        if leftovers and log.lease_holder(spec.name) is None:
+        leftovers = [e.epoch_id for e in opened.epochs(spec.name) if e.state in protocol.UNPUBLISHED]
+        if leftovers and opened.lease_holder(spec.name) is None:
             plan = dict(verdict.plan(), reason=f"retry the unfinished epochs {leftovers}",
                         started=replace(verdict.started, rule="retry").as_record())
             return {"backlog": backlog.as_dict(), "plan": plan}
         return None
     finally:
-        if epoch_log is None:
-            log.close()
+        if store is None:
+            opened.close()
 
 
 #: A waiting run gives way to a queued run of its DAG (a cleared past run) after this long.
@@ -155,13 +156,13 @@ class BacklogTrigger(BaseTrigger):
         started = time.monotonic()
         polls = 0
         # One store connection pool for the life of the trigger (not one per poll).
-        epoch_log = await asyncio.to_thread(EpochLog, self.store_url)
+        store = await asyncio.to_thread(EpochStore, self.store_url)
         try:
             while True:
                 polls += 1
                 try:
                     ready = await asyncio.to_thread(check_backlog, self.pipeline, self.store_url, self.min_files,
-                                                    epoch_log, self.continuous)
+                                                    store, self.continuous)
                 except Exception as exc:  # reported to the sensor, which fails with it
                     yield TriggerEvent({"status": "error", "pipeline": self.pipeline,
                                         "message": f"{type(exc).__name__}: {exc}"})
@@ -179,7 +180,7 @@ class BacklogTrigger(BaseTrigger):
                         return
                 await asyncio.sleep(self.poll_interval)
         finally:
-            epoch_log.close()
+            store.close()
 
 
 def active_runs(dag_id: str) -> int | None:
@@ -234,7 +235,7 @@ class BacklogEventTrigger(BaseEventTrigger):
     async def run(self) -> AsyncIterator[TriggerEvent]:
         fired: tuple[int, float] | None = None
         polls = poll_forever(self.pipeline, "backlog", self.poll_interval,
-                             lambda epoch_log: check_backlog(self.pipeline, None, 1, epoch_log, continuous=True))
+                             lambda store: check_backlog(self.pipeline, None, 1, store, continuous=True))
         async with aclosing(polls):
             async for ready in polls:
                 if ready is None:
@@ -247,13 +248,13 @@ class BacklogEventTrigger(BaseEventTrigger):
                     yield TriggerEvent({"pipeline": self.pipeline, **ready})
 
 
-def measure_freshness(pipeline: str, epoch_log: EpochLog) -> dict[str, Any]:
+def measure_freshness(pipeline: str, store: EpochStore) -> dict[str, Any]:
     """One observation of the pipeline's freshness (blocking: the source's backlog, SQL)."""
     from sluice import freshness
     from sluice.spec import get_spec
 
     spec = get_spec(pipeline)
-    return freshness.measure(spec, epoch_log, poll_source(spec, epoch_log)).as_dict()
+    return freshness.measure(spec, store, poll_source(spec, store)).as_dict()
 
 
 class FreshnessTrigger(BaseEventTrigger):
@@ -276,7 +277,7 @@ class FreshnessTrigger(BaseEventTrigger):
 
         breached: bool | None = None
         polls = poll_forever(self.pipeline, "freshness", self.poll_interval,
-                             lambda epoch_log: measure_freshness(self.pipeline, epoch_log))
+                             lambda store: measure_freshness(self.pipeline, store))
         async with aclosing(polls):
             async for observed in polls:
                 change = transition(breached, observed["breached"])

@@ -1,4 +1,4 @@
-"""Read-only epoch-log API, served by the Airflow api-server under ``/sluice``.
+"""Read-only epoch-store API, served by the Airflow api-server under ``/sluice``.
 
 ``GET /sluice/pipelines`` lists the pipelines the user may read, with a summary;
 ``GET /sluice/pipelines/{dag_id}/epochs`` returns every epoch of every generation once
@@ -37,10 +37,10 @@ from fastapi.responses import HTMLResponse
 from sluice import protocol
 from sluice.errors import SluiceError
 from sluice.spec import get_spec, load_pipeline_specs
-from sluice.store import Epoch, EpochLog, ManifestEntry
-from sluice.store.epoch_log import same_rollback
+from sluice.store import Epoch, EpochStore, ManifestEntry
+from sluice.model import RollbackIntent
 
-app = FastAPI(title="sluice epoch log")
+app = FastAPI(title="sluice epoch store")
 
 #: Read access to the DAG named by the route's ``dag_id`` (the pipeline).
 CAN_READ = [Depends(requires_access_dag("GET"))]
@@ -57,11 +57,11 @@ def readable(request: Request, user: GetUserDep, name: str) -> bool:
 @app.get("/pipelines")
 def pipelines(request: Request, user: GetUserDep) -> list[dict[str, Any]]:
     """The pipelines whose DAG the user may read."""
-    log = EpochLog()
+    store = EpochStore()
     try:
-        return [log.summary(name) for name in load_pipeline_specs()[0] if readable(request, user, name)]
+        return [store.summary(name) for name in load_pipeline_specs()[0] if readable(request, user, name)]
     finally:
-        log.close()
+        store.close()
 
 
 @app.get("/pipelines/{dag_id}/epochs", dependencies=CAN_READ)
@@ -70,15 +70,15 @@ def epochs(dag_id: str) -> list[dict[str, Any]]:
     from sluice.sources import source_for
 
     spec = _spec_or_404(name)
-    log = EpochLog()
+    store = EpochStore()
     try:
-        history = log.epoch_history(name)
+        history = store.epoch_history(name)
         end = max((e.end for e in history), default=0)
-        entries = {f.position: f for f in log.manifest(name, 0, end)}
-        current = log.generation(name)
-        source = source_for(spec, log)
+        entries = {f.position: f for f in store.manifest(name, 0, end)}
+        current = store.generation(name)
+        source = source_for(spec, store)
 
-        plans = log.group_plans(name)
+        plans = store.group_plans(name)
 
         def held(e: Epoch) -> list[ManifestEntry]:
             return [entries[p] for p in range(e.start, e.end) if p in entries]
@@ -94,7 +94,7 @@ def epochs(dag_id: str) -> list[dict[str, Any]]:
                      started=plans.get(e.group_id, {}).get("started"))
                 for e in history]
     finally:
-        log.close()
+        store.close()
 
 
 @app.get("/pipelines/{dag_id}/control", dependencies=CAN_READ)
@@ -104,25 +104,27 @@ def control(dag_id: str) -> dict[str, Any]:
     from sluice.sources import source_for
 
     spec = _spec_or_404(name)
-    log = EpochLog()
+    store = EpochStore()
     try:
-        backlog = source_for(spec, log).backlog()
-        verdict = adaptive.decide(spec, log, backlog.files, backlog.oldest_age_s, list(backlog.arrivals),
+        backlog = source_for(spec, store).backlog()
+        verdict = adaptive.decide(spec, store, backlog.files, backlog.oldest_age_s, list(backlog.arrivals),
                                   continuous=spec.data_driven)
-        fresh = freshness.measure(spec, log, backlog)
-        floor = freshness.sla_floor(spec.control.freshness_sla_s, spec.control.poll_interval_s, log.epochs(name))
-        halted = log.halt_reason(name, spec.control.max_attempts)
-        lease = log.lease_holder(name) if log.has_pipeline(name) else None
+        fresh = freshness.measure(spec, store, backlog)
+        floor = freshness.sla_floor(spec.control.freshness_sla_s, spec.control.poll_interval_s, store.epochs(name))
+        from sluice.protocol.planning import halt_reason
+
+        halted = halt_reason(store, name, spec.control.max_attempts, spec.control.max_crashes)
+        lease = store.lease_holder(name) if store.has_pipeline(name) else None
         # A halted pipeline's sensor does not fire, whatever the controllers would plan.
         return {"pipeline": name, "adaptive": spec.control.adaptive, "backlog": backlog.as_dict(),
                 "freshness": dict(fresh.as_dict(), alerts=spec.alerts.freshness), "sla_floor": floor.as_dict(),
                 "next": dict(verdict.plan(), fire=None if halted else verdict.fire),
-                "state": log.control_state(name), "halted": halted,
+                "state": store.control_state(name), "halted": halted,
                 "lease_holder": lease, "lease_run": _dag_run(lease)}
     except SluiceError as exc:
         raise HTTPException(status_code=409, detail=str(exc)) from None
     finally:
-        log.close()
+        store.close()
 
 
 def _dag_run(owner: str | None) -> dict[str, str] | None:
@@ -145,15 +147,15 @@ def groups(dag_id: str) -> list[dict[str, Any]]:
     """Every group of the pipeline (all generations), with the DAG run that planned it."""
     name = dag_id
     _spec_or_404(name)
-    log = EpochLog()
+    store = EpochStore()
     try:
-        if not log.has_pipeline(name):
+        if not store.has_pipeline(name):
             return []
         return [{"group_id": g.group_id, "state": g.state, "plan": g.plan, "reprocessing": g.reprocessing,
                  "epoch_ids": g.epoch_ids, "owner": g.owner, "dag_run": _dag_run(g.owner)}
-                for g in log.groups(name)]
+                for g in store.groups(name)]
     finally:
-        log.close()
+        store.close()
 
 
 @app.get("/pipelines/{dag_id}/rollback-preview", dependencies=CAN_READ)
@@ -163,24 +165,25 @@ def rollback_preview(dag_id: str, to_epoch: int = Query(ge=0)) -> dict[str, Any]
     goes back to, and the problems that would refuse it. Nothing is changed."""
     name = dag_id
     spec = _spec_or_404(name)
-    log = EpochLog()
+    store = EpochStore()
     try:
-        if not log.has_pipeline(name):
+        if not store.has_pipeline(name):
             raise HTTPException(status_code=404, detail=f"pipeline {name!r} has no epochs yet")
-        from sluice.execution import group_rollback_plan, restore_target, shared_commit_note, source_problems
+        from sluice.protocol.operations import group_rollback_plan, restore_target, shared_commit_note, source_problems
 
         notes = []
         try:
-            plan, shared = group_rollback_plan(log, name, to_epoch)  # as ``execution.rollback`` plans it
+            plan, shared = group_rollback_plan(store, name, to_epoch)  # as ``operations.rollback`` plans it
             if shared:
                 notes.append(shared_commit_note(shared, to_epoch))
         except SluiceError as exc:
             return {"pipeline": name, "to_epoch": to_epoch, "allowed": False, "problems": [str(exc)], "notes": [],
                     "rolled_back": [], "kept": 0, "restore_to": {}, "rows_removed": {}}
-        problems = source_problems(spec, log, plan)
-        pending = log.pending_rollback(name)
-        if pending and not same_rollback(pending, {"to_epoch": plan.to_epoch, "requested_to_epoch": to_epoch}):
-            problems.append(f"a rollback to epoch {pending.get('to_epoch')} is unfinished; finish it first")
+        problems = source_problems(spec, store, plan)
+        pending = store.pending_rollback(name)
+        if pending is not None and not pending.continues(RollbackIntent(plan.to_epoch, "", "",
+                                                                        requested_to_epoch=to_epoch)):
+            problems.append(f"a rollback to epoch {pending.asked} is unfinished; finish it first")
         keys = sorted({k for e in plan.rolled_back for k in e.delta_versions})
         restore_to = {k: restore_target(plan, [k]) for k in keys}
         rows_removed = {key: sum(e.rows.get(key, 0) for e in plan.rolled_back if e.state not in protocol.UNFINISHED)
@@ -193,7 +196,7 @@ def rollback_preview(dag_id: str, to_epoch: int = Query(ge=0)) -> dict[str, Any]
                 "checked_later": "the rollback task checks each Delta table again (vacuumed versions, other "
                                  "writers since) and refuses with nothing changed"}
     finally:
-        log.close()
+        store.close()
 
 
 @app.get("/pipelines/{dag_id}/shadow-previews", dependencies=CAN_READ)

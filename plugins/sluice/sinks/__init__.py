@@ -1,3 +1,2 @@
-from sluice.sinks.delta import DeltaSink, SinkCommit
-
-__all__ = ["DeltaSink", "SinkCommit"]
+"""Where a keyed write's rows go (``layout``); the tables themselves are written through
+``sluice.delta`` by ``sluice.protocol.tables``."""

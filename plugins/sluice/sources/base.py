@@ -17,12 +17,12 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from sluice.spec import PipelineSpec
-from sluice.store import EpochLog, ManifestEntry
+from sluice.store import EpochStore, ManifestEntry
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
 
-    from sluice.sinks.delta import EpochRange
+    from sluice.model import EpochRange
 
 #: How much of a record above ``source.max_record_bytes`` is kept in ``_rejected``.
 RECORD_KEPT_CHARS = 1024
@@ -58,9 +58,9 @@ class Source(ABC):
     #: the text itself (the Delta source's rows, as JSON).
     parse_options: dict[str, str] = {}
 
-    def __init__(self, spec: PipelineSpec, log: EpochLog) -> None:
+    def __init__(self, spec: PipelineSpec, store: EpochStore) -> None:
         self.spec = spec
-        self.log = log
+        self.store = store
 
     @abstractmethod
     def discover(self) -> int:
@@ -92,7 +92,7 @@ class Source(ABC):
     def entries(self, start: int, end: int) -> list[ManifestEntry]:
         from sluice.errors import SourceError
 
-        found = self.log.manifest(self.spec.name, start, end)
+        found = self.store.manifest(self.spec.name, start, end)
         if len(found) != end - start:
             raise SourceError(f"pipeline {self.spec.name!r}: the manifest holds {len(found)} entries for "
                               f"offsets [{start}, {end}); the store is incomplete")
@@ -185,18 +185,18 @@ class EntrySource(Source):
         record's ``_epoch``."""
 
 
-def source_for(spec: PipelineSpec, log: EpochLog) -> Source:
+def source_for(spec: PipelineSpec, store: EpochStore) -> Source:
     """The source of ``spec`` (its ``source.type``)."""
     from sluice.spec import DeltaSourceSpec, KafkaSourceSpec
 
     if isinstance(spec.source, KafkaSourceSpec):
         from sluice.sources.kafka import KafkaSource
 
-        return KafkaSource(spec, log)
+        return KafkaSource(spec, store)
     if isinstance(spec.source, DeltaSourceSpec):
         from sluice.sources.delta_table import DeltaTableSource
 
-        return DeltaTableSource(spec, log)
+        return DeltaTableSource(spec, store)
     from sluice.sources.files import FileSource
 
-    return FileSource(spec, log)
+    return FileSource(spec, store)

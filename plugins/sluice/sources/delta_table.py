@@ -31,12 +31,12 @@ from sluice.sources.delta_versions import (
     versions_to_register,
 )
 from sluice.spec import DeltaSourceSpec, PipelineSpec
-from sluice.store import EpochLog, ManifestEntry
+from sluice.store import EpochStore, ManifestEntry
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
-    from sluice.protocol import TableCommit
+    from sluice.model import TableCommit
 
 log = logging.getLogger(__name__)
 
@@ -50,8 +50,8 @@ TIMESTAMP_FORMAT = "yyyy-MM-dd'T'HH:mm:ss.SSSSSSXXX"
 class DeltaTableSource(EntrySource):
     parse_options = {"timestampFormat": TIMESTAMP_FORMAT}
 
-    def __init__(self, spec: PipelineSpec, log: EpochLog) -> None:
-        super().__init__(spec, log)
+    def __init__(self, spec: PipelineSpec, store: EpochStore) -> None:
+        super().__init__(spec, store)
         assert isinstance(spec.source, DeltaSourceSpec)
         self.delta: DeltaSourceSpec = spec.source
         self.table = spec.source.table
@@ -64,25 +64,25 @@ class DeltaTableSource(EntrySource):
 
     def _commits(self) -> list[TableCommit]:
         """The upstream's retained commits, newest first."""
-        from sluice.sinks.delta import commit_lineage
+        from sluice.delta.spark import local_lineage
 
         if not (Path(self.table.removeprefix("file:")) / "_delta_log").is_dir():
             raise SourceError(f"{self._where()}: no Delta table there (no _delta_log); has the upstream pipeline "
                               "published anything yet?")
-        return list(commit_lineage(None, self.table))  # type: ignore[arg-type]  # a local table needs no Spark
+        return list(local_lineage(self.table))  # a local table's log is read as files: no Spark
 
     def _check_restores(self, commits: list[TableCommit]) -> None:
         """Stop when a RESTORE undid versions this pipeline registered and has not skipped."""
-        first = self.log.manifest(self.spec.name, 0, 1)
+        first = self.store.manifest(self.spec.name, 0, 1)
         if not first:
             return
         oldest = TableVersion.parse(first[0].path).version
         if not any(c.operation == "RESTORE" and c.version > oldest for c in commits):
             return  # the usual case: no need to read the whole manifest
-        entries = [e for e in self.log.manifest(self.spec.name) if e.skipped is None]
+        entries = [e for e in self.store.manifest(self.spec.name) if e.skipped is None]
         version_at = {TableVersion.parse(e.path).version: e.position for e in entries}
         epoch_of = {}
-        for epoch in self.log.epochs(self.spec.name):
+        for epoch in self.store.epochs(self.spec.name):
             for version, position in version_at.items():
                 if epoch.start <= position < epoch.end:
                     epoch_of[version] = epoch.epoch_id
@@ -91,7 +91,7 @@ class DeltaTableSource(EntrySource):
             raise SourceError(restore.message(self.spec.name))
 
     def _last_registered(self) -> int | None:
-        tail = self.log.manifest_tail(self.spec.name, 1 << 62, 1)
+        tail = self.store.manifest_tail(self.spec.name, 1 << 62, 1)
         return TableVersion.parse(tail[-1].path).version if tail else None
 
     def _unregistered(self, commits: list[TableCommit]) -> list[VersionLog]:
@@ -111,13 +111,13 @@ class DeltaTableSource(EntrySource):
         commits = self._commits()
         self._check_restores(commits)
         new = [(TableVersion(self.table, v.version).path, v.size, v.timestamp_s) for v in self._unregistered(commits)]
-        return self.log.register_files(self.spec.name, new)
+        return self.store.register_files(self.spec.name, new)
 
     def backlog(self) -> Backlog:
         """Versions registered and not planned, plus those not registered yet: their count,
         the bytes they added and the age of the oldest (its commit time)."""
-        next_offset = self.log.next_offset(self.spec.name)
-        entries = self.log.manifest_tail(self.spec.name, next_offset, RECENT_ENTRIES)
+        next_offset = self.store.next_offset(self.spec.name)
+        entries = self.store.manifest_tail(self.spec.name, next_offset, RECENT_ENTRIES)
         pending = [e for e in entries if e.position >= next_offset]
         unregistered = self._unregistered(self._commits())
         times = [e.mtime for e in pending] + [v.timestamp_s for v in unregistered]

@@ -24,7 +24,8 @@ from pathlib import Path
 from urllib.parse import unquote
 
 from sluice.errors import SourceError
-from sluice.protocol import TableCommit, current_lineage
+from sluice.model import TableCommit
+from sluice.protocol.rules import current_lineage
 
 #: Operations that change no rows: their versions are not registered.
 NO_DATA_CHANGE = frozenset({"OPTIMIZE", "VACUUM START", "VACUUM END", "SET TBLPROPERTIES", "UNSET TBLPROPERTIES",

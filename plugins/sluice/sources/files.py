@@ -20,14 +20,14 @@ from typing import TYPE_CHECKING, Any
 from sluice.errors import SourceError
 from sluice.sources.base import Backlog, Source
 from sluice.spec import PipelineSpec
-from sluice.store import EpochLog, ManifestEntry
+from sluice.store import EpochStore, ManifestEntry
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
     from pyspark.sql import Column, DataFrame, SparkSession
 
-    from sluice.sinks.delta import EpochRange
+    from sluice.model import EpochRange
 
 
 log = logging.getLogger(__name__)
@@ -43,8 +43,8 @@ SKIP_HINT = ("Put the file back as it was, or skip it on purpose (recorded): tri
 
 
 class FileSource(Source):
-    def __init__(self, spec: PipelineSpec, log: EpochLog) -> None:
-        super().__init__(spec, log)
+    def __init__(self, spec: PipelineSpec, store: EpochStore) -> None:
+        super().__init__(spec, store)
         self.folder = spec.landing_dir
         self.refused: list[str] = []  # of the last listing: symbolic links leading out of the folder
 
@@ -102,12 +102,12 @@ class FileSource(Source):
                 log.warning("pipeline %s: %s landed again with new content; kept as %s (new data)",
                             self.spec.name, self._original(path), path)
             files.append((path, size, mtime))
-        return self.log.register_files(self.spec.name, files)
+        return self.store.register_files(self.spec.name, files)
 
     def _unseen(self, listing: list[tuple[str, int, float]]) -> tuple[list[tuple[str, int, float]], set[str]]:
         """Landed files not in the manifest as they are now (a new path, or new content under a
         path seen before: a different size or modification time), and the paths seen before."""
-        seen = {(self._original(p), size, mtime) for p, size, mtime in self.log.known_files(self.spec.name)}
+        seen = {(self._original(p), size, mtime) for p, size, mtime in self.store.known_files(self.spec.name)}
         return [f for f in listing if f not in seen], {p for p, _, _ in seen}
 
     @property
@@ -149,8 +149,8 @@ class FileSource(Source):
 
         Read-only (it registers nothing), so the backlog trigger can poll it cheaply.
         """
-        next_offset = self.log.next_offset(self.spec.name)
-        pending = self.log.manifest(self.spec.name, start=next_offset)
+        next_offset = self.store.next_offset(self.spec.name)
+        pending = self.store.manifest(self.spec.name, start=next_offset)
         listing = self.list_folder() if listing is None else listing
         new, _ = self._unseen(listing)
         sizes = [e.size for e in pending] + [f[1] for f in new]

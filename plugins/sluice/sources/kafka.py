@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 from sluice.errors import SourceError
 from sluice.sources.base import Backlog, EntrySource
 from sluice.spec import KafkaSourceSpec, PipelineSpec
-from sluice.store import EpochLog, ManifestEntry
+from sluice.store import EpochStore, ManifestEntry
 
 if TYPE_CHECKING:
     from confluent_kafka import Consumer
@@ -118,8 +118,8 @@ def merge_adjacent(chunks: list[tuple[Chunk, Any]]) -> list[tuple[Chunk, Any]]:
 
 
 class KafkaSource(EntrySource):
-    def __init__(self, spec: PipelineSpec, log: EpochLog) -> None:
-        super().__init__(spec, log)
+    def __init__(self, spec: PipelineSpec, store: EpochStore) -> None:
+        super().__init__(spec, store)
         assert isinstance(spec.source, KafkaSourceSpec)
         self.kafka: KafkaSourceSpec = spec.source
         self.topic = spec.source.topic
@@ -187,7 +187,7 @@ class KafkaSource(EntrySource):
     def _registered_ends(self) -> dict[int, int]:
         """Per partition, the end of its last registered chunk (the store's aggregate over the
         topic's chunks, not a scan of the manifest)."""
-        return self.log.chunk_ends(self.spec.name, Chunk.prefix(self.topic))
+        return self.store.chunk_ends(self.spec.name, Chunk.prefix(self.topic))
 
     def _unregistered(self, consumer: Consumer, ends: dict[int, int]) -> dict[int, tuple[int, int]]:
         """Per partition, the offsets written and not registered yet, ``(start, high)``;
@@ -221,14 +221,14 @@ class KafkaSource(EntrySource):
                 for (a, b), at in zip(ranges, chunk_times(ranges, first, last), strict=True):
                     new.append((at, p, a, Chunk(self.topic, p, a, b)))
         new.sort(key=lambda chunk: chunk[:3])  # by time; a partition's chunks in offset order on ties
-        return self.log.register_files(self.spec.name, [(c.path, c.end - c.start, at) for at, _, _, c in new])
+        return self.store.register_files(self.spec.name, [(c.path, c.end - c.start, at) for at, _, _, c in new])
 
     def backlog(self) -> Backlog:
         """Chunks registered and not planned, plus the records not registered yet: their count
         (the sum of the partitions' lags) and the age of the oldest (its timestamp)."""
-        next_offset = self.log.next_offset(self.spec.name)
+        next_offset = self.store.next_offset(self.spec.name)
         # One read of the manifest: the unplanned chunks and the recent ones (for the arrivals).
-        entries = self.log.manifest_tail(self.spec.name, next_offset, RECENT_CHUNKS)
+        entries = self.store.manifest_tail(self.spec.name, next_offset, RECENT_CHUNKS)
         pending = [e for e in entries if e.position >= next_offset]
         recent = entries[-RECENT_CHUNKS:]
         with self._consumer() as consumer:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from sqlalchemy import JSON, BigInteger, DateTime, Integer, String, Text, UniqueConstraint
+from sqlalchemy import JSON, BigInteger, Boolean, DateTime, Integer, String, Text, UniqueConstraint, false
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 
@@ -27,6 +27,12 @@ class PipelineRow(Base):
     # A rollback in progress ({to_epoch, reason, ...}): set before any table is restored,
     # cleared when the epoch log is rolled back too; no group is planned while it is set.
     pending_rollback: Mapped[dict | None] = mapped_column(JSON, nullable=True)
+    # Per table, the last version the Asset events of a finished step reported (acknowledged
+    # by the step after it); the next event reports every change since.
+    announced: Mapped[dict | None] = mapped_column(JSON, nullable=True)
+    # When the store was rebuilt from the tables' records (it then knows the pipeline, even
+    # with no epoch published yet).
+    rebuilt_at: Mapped[datetime | None] = mapped_column(DateTime, nullable=True)
 
 
 class SourceFileRow(Base):
@@ -71,7 +77,12 @@ class EpochRow(Base):
     start_offset: Mapped[int] = mapped_column(BigInteger)
     end_offset: Mapped[int] = mapped_column(BigInteger)
     state: Mapped[str] = mapped_column(String(20))
-    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    attempts: Mapped[int] = mapped_column(Integer, default=0)  # ever started, never reset
+    # Since an operator's last reset: attempts that recorded an error, and attempts that ended
+    # without a word (a killed or out-of-memory driver); an attempt in flight is open.
+    failures: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    crashes: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    attempt_open: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
     delta_versions: Mapped[dict] = mapped_column(JSON, default=dict)  # sink -> version
     rows: Mapped[dict] = mapped_column(JSON, default=dict)  # input / output / rejected counts
     timings: Mapped[dict] = mapped_column(JSON, default=dict)  # seconds per phase
@@ -83,6 +94,17 @@ class EpochRow(Base):
     # The generation the epoch was written in, when a rollback carried it into a later one
     # unchanged (NULL: written in ``generation`` itself).
     origin_generation: Mapped[int | None] = mapped_column(Integer, nullable=True)
+
+
+class RollbackRow(Base):
+    """A finished rollback's record (``sluice.store.records``), kept so the copies next to the
+    tables can be written again when a crash left one out."""
+
+    __tablename__ = "sluice_rollbacks"
+    pipeline: Mapped[str] = mapped_column(String(200), primary_key=True)
+    generation: Mapped[int] = mapped_column(Integer, primary_key=True)  # the generation it started
+    record: Mapped[dict] = mapped_column(JSON)
+    recorded_at: Mapped[datetime] = mapped_column(DateTime)
 
 
 class ControlRow(Base):

@@ -1,8 +1,9 @@
 """The records kept next to each table, from which a lost epoch store is rebuilt.
 
 As Spark's ``CommitLog`` beside its ``OffsetSeqLog``, this module only serialises: what goes
-into a record is decided by the protocol (``execution.publish``, ``execution.rollback``), and
-what a rebuild makes of the records by ``execution.rebuild_store``.
+into a record is decided by the protocol (``PipelineRun.publish``, ``operations.rollback``), and
+what a rebuild makes of the records by ``operations.rebuild_store``. The files are written and
+read through the Delta facade (``Tables.put_file``, ``list_files``), as side files of the table.
 
 Layout, under each sink's folder (Delta ignores ``_``-prefixed folders)::
 
@@ -22,9 +23,16 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from sluice.errors import SluiceError
+
+class SideFiles(Protocol):
+    """Where records are kept: the Delta facade's side files of a table (``Tables``)."""
+
+    def put_file(self, path: str, relative: str, text: str) -> None: ...
+
+    def list_files(self, path: str, folder: str) -> list[tuple[str, str]]: ...
 
 FORMAT = 1
 EPOCH, ROLLBACK = "epoch", "rollback"
@@ -67,42 +75,49 @@ class RollbackRecord:
         return self.generation > record.generation and record.epoch_id >= self.restored_to_epoch
 
 
-def folder(table: str | Path, kind: str) -> Path:
-    return Path(table) / "_sluice" / _FOLDERS[kind]
+def folder(kind: str) -> str:
+    """The side folder of a table that holds records of ``kind``."""
+    return f"_sluice/{_FOLDERS[kind]}"
+
+
+def epoch_name(epoch_id: int, generation: int) -> str:
+    return f"{epoch_id:09d}-g{generation}.json"
 
 
 def epoch_path(table: str | Path, epoch_id: int, generation: int) -> Path:
-    return folder(table, EPOCH) / f"{epoch_id:09d}-g{generation}.json"
+    return Path(table) / folder(EPOCH) / epoch_name(epoch_id, generation)
 
 
-def write_epoch(table: str | Path, fields: dict[str, Any]) -> Path:
+def write_epoch(tables: SideFiles, table: str | Path, fields: dict[str, Any]) -> Path:
     """Write (or rewrite: idempotent) one epoch's record next to ``table``."""
-    path = epoch_path(table, fields["epoch_id"], fields["generation"])
-    _write(path, EPOCH, fields)
-    return path
+    relative = f"{folder(EPOCH)}/{epoch_name(fields['epoch_id'], fields['generation'])}"
+    tables.put_file(str(table), relative, _body(EPOCH, fields))
+    return Path(table) / relative
 
 
-def write_rollback(table: str | Path, fields: dict[str, Any]) -> Path:
-    """Write one rollback's record next to ``table``."""
-    path = folder(table, ROLLBACK) / f"g{fields['generation']}.json"
-    _write(path, ROLLBACK, fields)
-    return path
+def write_rollback(tables: SideFiles, table: str | Path, fields: dict[str, Any]) -> Path:
+    """Write (or rewrite: idempotent) one rollback's record next to ``table``."""
+    relative = f"{folder(ROLLBACK)}/g{fields['generation']}.json"
+    tables.put_file(str(table), relative, _body(ROLLBACK, fields))
+    return Path(table) / relative
 
 
-def read(tables: list[str]) -> tuple[list[EpochRecord], list[RollbackRecord]]:
-    """Every epoch and rollback record found next to ``tables``, in file-name order."""
+def read(tables: SideFiles, paths: list[str]) -> tuple[list[EpochRecord], list[RollbackRecord]]:
+    """Every epoch and rollback record found next to the tables at ``paths``, in name order."""
     epochs, rollbacks = [], []
-    for table in tables:
-        for path in sorted(folder(table, EPOCH).glob("*.json")):
-            fields = _read(path, EPOCH)
+    for table in map(str, paths):
+        for name, text in tables.list_files(table, folder(EPOCH)):
+            path = Path(table) / folder(EPOCH) / name
+            fields = _read(path, text, EPOCH)
             try:
                 epochs.append(EpochRecord(path, int(fields["epoch_id"]), int(fields["generation"]),
                                           int(fields["start"]), int(fields["end"]),
                                           tuple((str(p), int(s), float(m)) for p, s, m in fields["files"]), fields))
             except (KeyError, TypeError, ValueError) as exc:
                 raise RecordError(f"epoch record {path}: missing or malformed field ({exc!r})") from None
-        for path in sorted(folder(table, ROLLBACK).glob("*.json")):
-            fields = _read(path, ROLLBACK)
+        for name, text in tables.list_files(table, folder(ROLLBACK)):
+            path = Path(table) / folder(ROLLBACK) / name
+            fields = _read(path, text, ROLLBACK)
             try:
                 to_epoch = int(fields["to_epoch"])
                 rollbacks.append(RollbackRecord(path, int(fields["generation"]), to_epoch,
@@ -125,19 +140,16 @@ def live(epochs: list[EpochRecord], rollbacks: list[RollbackRecord]) -> list[Epo
     return [best[i] for i in sorted(best)]
 
 
-def _write(path: Path, kind: str, fields: dict[str, Any]) -> None:
+def _body(kind: str, fields: dict[str, Any]) -> str:
     body = {"record": kind, "format": FORMAT, **{k: v for k, v in fields.items() if k not in _HEADER}}
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name("." + path.name)
-    tmp.write_text(json.dumps(body, indent=2, default=str))
-    tmp.replace(path)
+    return json.dumps(body, indent=2, default=str)
 
 
-def _read(path: Path, kind: str) -> dict[str, Any]:
+def _read(path: Path, text: str, kind: str) -> dict[str, Any]:
     """A record's fields without its header; format 0 (no header) is read as it is."""
     try:
-        body = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        body = json.loads(text)
+    except json.JSONDecodeError as exc:
         raise RecordError(f"{kind} record {path} cannot be read: {exc}") from None
     if not isinstance(body, dict):
         raise RecordError(f"{kind} record {path}: not a JSON object")

@@ -59,7 +59,7 @@ def upgrade(engine: Engine) -> None:
     with engine.connect() as conn:
         if current(conn) == head():
             return
-    with engine.begin() as conn:  # SQLite: BEGIN IMMEDIATE, the write lock, is taken here
+    with engine.execution_options(sluice_write=True).begin() as conn:  # SQLite: BEGIN IMMEDIATE, the write lock
         if conn.dialect.name == "postgresql":
             conn.exec_driver_sql(f"SELECT pg_advisory_xact_lock({_LOCK_KEY})")
         found = current(conn)

@@ -1,4 +1,4 @@
-"""Unit tests of ``sluice.store.EpochLog`` on a temporary SQLite file and on a real Postgres server
+"""Unit tests of ``sluice.store.EpochStore`` on a temporary SQLite file and on a real Postgres server
 (no Spark, no Airflow)."""
 
 from __future__ import annotations
@@ -16,15 +16,18 @@ if _PLUGINS not in sys.path:
 
 from sluice import protocol  # noqa: E402
 from sluice.errors import FencedError, PipelineBusyError, ProtocolError  # noqa: E402
-from sluice.store import EpochLog, Lease  # noqa: E402
+from sluice.protocol.leases import acquire_lease  # noqa: E402
+from sluice.protocol.operations import skip_entry  # noqa: E402
+from sluice.protocol.planning import halt_reason, plan_group  # noqa: E402
+from sluice.store import EpochStore, Lease  # noqa: E402
 
 P = "pipe"
 
 @pytest.fixture
 def log(db_url: str):
-    epoch_log = EpochLog(db_url)
-    yield epoch_log
-    epoch_log.close()
+    store = EpochStore(db_url)
+    yield store
+    store.close()
 
 
 def files(n: int, start: int = 0) -> list[tuple[str, int, float]]:
@@ -35,9 +38,9 @@ def spans(group) -> list[tuple[int, int, int]]:
     return [(e.epoch_id, e.start, e.end) for e in group.epochs]
 
 
-def commit_all(log: EpochLog, lease: Lease, group, rows: dict[str, int] | None = None) -> None:
+def commit_all(log: EpochStore, lease: Lease, group, rows: dict[str, int] | None = None) -> None:
     for e in group.epochs:
-        log.mark_committed(lease, e, delta_versions={"out": e.epoch_id}, rows=rows or {}, timings={"epoch_s": 0.1})
+        log.mark_committed(lease, [(e, {"out": e.epoch_id}, rows or {}, {"epoch_s": 0.1}, None)])
 
 
 # -- manifest ----------------------------------------------------------------------------------
@@ -105,16 +108,16 @@ def test_manifests_are_per_pipeline(log):
 
 
 def test_plan_group_returns_none_when_nothing_available(log):
-    lease = log.acquire_lease(P, "run-1")
-    assert log.plan_group(lease, epoch_size=4, k=3) is None
+    lease = acquire_lease(log, P, "run-1")
+    assert plan_group(log, lease, epoch_size=4, k=3) is None
     assert log.epochs(P) == []
     assert log.groups(P) == []
 
 
 def test_plan_group_writes_contiguous_dense_epochs_from_manifest(log):
     log.register_files(P, files(10))
-    lease = log.acquire_lease(P, "run-1")
-    group = log.plan_group(lease, epoch_size=4, k=5, plan={"reason": "backlog"})
+    lease = acquire_lease(log, P, "run-1")
+    group = plan_group(log, lease, epoch_size=4, k=5, plan={"reason": "backlog"})
     assert group is not None
     assert group.group_id == 0
     assert group.owner == "run-1"
@@ -131,39 +134,39 @@ def test_plan_group_writes_contiguous_dense_epochs_from_manifest(log):
 
 def test_plan_group_limits_to_k_epochs(log):
     log.register_files(P, files(100))
-    lease = log.acquire_lease(P, "run-1")
-    group = log.plan_group(lease, epoch_size=4, k=3)
+    lease = acquire_lease(log, P, "run-1")
+    group = plan_group(log, lease, epoch_size=4, k=3)
     assert spans(group) == [(0, 0, 4), (1, 4, 8), (2, 8, 12)]
     assert log.next_offset(P) == 12
 
 
 def test_plan_group_continues_after_published_group(log):
     log.register_files(P, files(10))
-    lease = log.acquire_lease(P, "run-1")
-    g0 = log.plan_group(lease, epoch_size=4, k=1)
+    lease = acquire_lease(log, P, "run-1")
+    g0 = plan_group(log, lease, epoch_size=4, k=1)
     commit_all(log, lease, g0)
-    log.finish_group(lease, g0.group_id, protocol.PUBLISHED)
-    g1 = log.plan_group(lease, epoch_size=4, k=2)
+    log.finish_group(lease, g0.group_id)
+    g1 = plan_group(log, lease, epoch_size=4, k=2)
     assert g1.group_id == 1  # a fresh group id (0 was reused once: `(max or -1) + 1` with max == 0)
     assert spans(g1) == [(1, 4, 8), (2, 8, 10)]
     assert g1.reprocessing is False
     commit_all(log, lease, g1)
-    log.finish_group(lease, g1.group_id, protocol.PUBLISHED)
-    assert log.plan_group(lease, epoch_size=4, k=2) is None  # the manifest is exhausted
+    log.finish_group(lease, g1.group_id)
+    assert plan_group(log, lease, epoch_size=4, k=2) is None  # the manifest is exhausted
     assert [g.group_id for g in log.groups(P)] == [0, 1]
     assert log.summary(P)["by_state"] == {protocol.PUBLISHED: 3}
 
 
 def test_leftover_epochs_are_replanned_as_new_group_with_same_ranges(log):
     log.register_files(P, files(10))
-    dead = log.acquire_lease(P, "run-1", ttl_s=0.01)
-    g0 = log.plan_group(dead, epoch_size=4, k=2)
-    log.mark_failed(dead, g0.epochs[1], "boom")
+    dead = acquire_lease(log, P, "run-1", ttl_s=0.01)
+    g0 = plan_group(log, dead, epoch_size=4, k=2)
+    log.mark_failed(dead, [g0.epochs[1]], "boom")
     time.sleep(0.05)  # run-1 dies; its lease expires
     log.register_files(P, files(5, start=10))  # more data arrived meanwhile: must not change the ranges
 
-    lease = log.acquire_lease(P, "run-2")
-    g1 = log.plan_group(lease, epoch_size=2, k=5)  # other settings: must not change the ranges either
+    lease = acquire_lease(log, P, "run-2")
+    g1 = plan_group(log, lease, epoch_size=2, k=5)  # other settings: must not change the ranges either
     assert g1.group_id == 1
     assert g1.reprocessing is True
     assert spans(g1) == spans(g0) == [(0, 0, 4), (1, 4, 8)]
@@ -173,45 +176,45 @@ def test_leftover_epochs_are_replanned_as_new_group_with_same_ranges(log):
     assert log.group(P, 0).epochs == ()  # its epochs moved to the new group
     # Once the leftovers are done, planning continues after them.
     commit_all(log, lease, g1)
-    log.finish_group(lease, g1.group_id, protocol.PUBLISHED)
-    g2 = log.plan_group(lease, epoch_size=4, k=5)
+    log.finish_group(lease, g1.group_id)
+    g2 = plan_group(log, lease, epoch_size=4, k=5)
     assert spans(g2) == [(2, 8, 12), (3, 12, 15)]
 
 
 def test_dead_runs_committed_epochs_are_published_by_recovery(log):
     log.register_files(P, files(9))
-    dead = log.acquire_lease(P, "run-1", ttl_s=0.01)
-    g0 = log.plan_group(dead, epoch_size=3, k=3)
+    dead = acquire_lease(log, P, "run-1", ttl_s=0.01)
+    g0 = plan_group(log, dead, epoch_size=3, k=3)
     for e in g0.epochs[:2]:  # epochs 0 and 1 reach the sink
-        log.mark_committed(dead, e, delta_versions={}, rows={}, timings={})
+        log.mark_committed(dead, [(e, {}, {}, {}, None)])
     time.sleep(0.05)  # run-1 dies before epoch 2 and before publishing
 
-    lease = log.acquire_lease(P, "run-2")
-    g1 = log.plan_group(lease, epoch_size=3, k=3)
+    lease = acquire_lease(log, P, "run-2")
+    g1 = plan_group(log, lease, epoch_size=3, k=3)
     assert g1.reprocessing is True
     assert spans(g1) == spans(g0)  # committed ones too: they still need publishing
     assert [e.state for e in g1.epochs] == [protocol.COMMITTED, protocol.COMMITTED, protocol.PLANNED]
     assert log.group(P, g0.group_id).state == protocol.FAILED
     for e in g1.epochs:
         if e.state != protocol.COMMITTED:  # as GroupRunner.run does
-            log.mark_committed(lease, e, delta_versions={}, rows={}, timings={})
-    log.finish_group(lease, g1.group_id, protocol.PUBLISHED)
+            log.mark_committed(lease, [(e, {}, {}, {}, None)])
+    log.finish_group(lease, g1.group_id)
     assert log.summary(P)["by_state"] == {protocol.PUBLISHED: 3}
 
 
 def test_dead_runs_fully_committed_group_is_published_by_recovery(log):
     log.register_files(P, files(4))
-    dead = log.acquire_lease(P, "run-1", ttl_s=0.01)
-    g0 = log.plan_group(dead, epoch_size=2, k=2)
+    dead = acquire_lease(log, P, "run-1", ttl_s=0.01)
+    g0 = plan_group(log, dead, epoch_size=2, k=2)
     commit_all(log, dead, g0)
     time.sleep(0.05)  # run-1 dies between the last commit and publish
 
-    lease = log.acquire_lease(P, "run-2")
-    g1 = log.plan_group(lease, epoch_size=2, k=2)
+    lease = acquire_lease(log, P, "run-2")
+    g1 = plan_group(log, lease, epoch_size=2, k=2)
     assert g1 is not None, "the dead run's committed epochs are left unpublished, and the group 'planned'"
     assert g1.reprocessing is True
     assert g1.epoch_ids == [0, 1]
-    log.finish_group(lease, g1.group_id, protocol.PUBLISHED)
+    log.finish_group(lease, g1.group_id)
     assert log.summary(P)["by_state"] == {protocol.PUBLISHED: 2}
 
 
@@ -219,34 +222,49 @@ def test_dead_runs_fully_committed_group_is_published_by_recovery(log):
 
 
 def test_same_owner_reacquires_and_bumps_fence(log):
-    first = log.acquire_lease(P, "run-1")
-    again = log.acquire_lease(P, "run-1")
-    assert first == Lease(P, "run-1", 1)
-    assert again == Lease(P, "run-1", 2)
+    first = acquire_lease(log, P, "run-1")
+    again = acquire_lease(log, P, "run-1")
+    assert first == Lease(P, "run-1", first.fence)
+    assert again == Lease(P, "run-1", first.fence + 1)
     assert log.lease_holder(P) == "run-1"
 
 
+def test_a_new_pipelines_tokens_start_at_the_stores_clock_above_a_lost_stores(tmp_path):
+    """A store made after another was lost hands out tokens above the lost one's: a run of the
+    lost store still going is then refused by Delta (its token is older)."""
+    from datetime import datetime, timedelta
+
+    now = datetime(2026, 6, 1)
+    lost = EpochStore(f"sqlite:///{tmp_path}/lost.db", clock=lambda: now)
+    old = [acquire_lease(lost, P, "run-old").fence for _ in range(5)]  # five acquisitions in a second
+    later = now + timedelta(seconds=30)
+    new = EpochStore(f"sqlite:///{tmp_path}/new.db", clock=lambda: later)
+    assert acquire_lease(new, P, "run-new").fence > max(old)
+    assert acquire_lease(new, P, "run-new").fence < 1 << 31, "token << 32 fits a Delta txnVersion (a signed long)"
+
+
 def test_other_owner_is_busy_with_pipeline_and_holder_named(log):
-    log.acquire_lease(P, "dag_ysb:run-1")
+    held = acquire_lease(log, P, "dag_ysb:run-1").fence
     with pytest.raises(PipelineBusyError) as info:
-        log.acquire_lease(P, "dag_other:run-9")
+        acquire_lease(log, P, "dag_other:run-9")
     message = str(info.value)
     assert repr(P) in message
     assert "'dag_ysb:run-1'" in message
     assert log.lease_holder(P) == "dag_ysb:run-1"  # unchanged
-    assert log.current_lease(P, "dag_ysb:run-1").fence == 1  # a refused attempt does not bump the fence
+    assert log.current_lease(P, "dag_ysb:run-1").fence == held  # a refused attempt does not bump the fence
 
 
 def test_leases_are_per_pipeline(log):
-    log.acquire_lease("a", "run-1")
-    assert log.acquire_lease("b", "run-2").fence == 1
+    a = acquire_lease(log, "a", "run-1")
+    acquire_lease(log, "a", "run-1")
+    assert acquire_lease(log, "b", "run-2").fence <= a.fence + 1, "b's tokens do not count a's acquisitions"
 
 
 def test_expired_lease_can_be_taken(log):
-    old = log.acquire_lease(P, "run-1", ttl_s=0.01)
+    old = acquire_lease(log, P, "run-1", ttl_s=0.01)
     time.sleep(0.05)
     assert log.lease_holder(P) is None
-    new = log.acquire_lease(P, "run-2")
+    new = acquire_lease(log, P, "run-2")
     assert new.fence == old.fence + 1
     assert log.lease_holder(P) == "run-2"
     with pytest.raises(FencedError, match="run-1"):
@@ -254,10 +272,10 @@ def test_expired_lease_can_be_taken(log):
 
 
 def test_take_over_prefix_takes_a_live_lease_of_the_same_prefix(log):
-    old = log.acquire_lease(P, "sluice_ysb:manual__1")
+    old = acquire_lease(log, P, "sluice_ysb:manual__1")
     with pytest.raises(PipelineBusyError):
-        log.acquire_lease(P, "sluice_ysb:manual__2", take_over_prefix="other_dag:")
-    new = log.acquire_lease(P, "sluice_ysb:manual__2", take_over_prefix="sluice_ysb:")
+        acquire_lease(log, P, "sluice_ysb:manual__2", take_over_prefix="other_dag:")
+    new = acquire_lease(log, P, "sluice_ysb:manual__2", take_over_prefix="sluice_ysb:")
     assert new.fence == old.fence + 1
     assert log.lease_holder(P) == "sluice_ysb:manual__2"
     with pytest.raises(FencedError):
@@ -267,49 +285,49 @@ def test_take_over_prefix_takes_a_live_lease_of_the_same_prefix(log):
 def test_take_over_prefix_leaves_a_run_that_is_still_going_alone(log):
     """A backfill run beside a scheduled run of the same DAG: the prefix matches, but the holder's
     DAG run is alive, so the pipeline is busy; once that run has ended the lease is taken."""
-    log.acquire_lease(P, "airflow:d:scheduled__1")
+    acquire_lease(log, P, "airflow:d:scheduled__1")
     running = {"airflow:d:scheduled__1"}
     with pytest.raises(PipelineBusyError, match="scheduled__1"):
-        log.acquire_lease(P, "airflow:d:backfill__1", take_over_prefix="airflow:d:", alive=running.__contains__)
+        acquire_lease(log, P, "airflow:d:backfill__1", take_over_prefix="airflow:d:", alive=running.__contains__)
     running.clear()
-    log.acquire_lease(P, "airflow:d:backfill__1", take_over_prefix="airflow:d:", alive=running.__contains__)
+    acquire_lease(log, P, "airflow:d:backfill__1", take_over_prefix="airflow:d:", alive=running.__contains__)
     assert log.lease_holder(P) == "airflow:d:backfill__1"
 
 
 def test_stale_lease_is_fenced(log):
     log.register_files(P, files(8))
-    stale = log.acquire_lease(P, "run-1")
-    group = log.plan_group(stale, epoch_size=4, k=2)
-    fresh = log.acquire_lease(P, "run-1")  # e.g. a retried task of the same run
+    stale = acquire_lease(log, P, "run-1")
+    group = plan_group(log, stale, epoch_size=4, k=2)
+    fresh = acquire_lease(log, P, "run-1")  # e.g. a retried task of the same run
     assert fresh.fence == stale.fence + 1
     with pytest.raises(FencedError, match="this run must stop"):
-        log.mark_committed(stale, group.epochs[0], delta_versions={}, rows={}, timings={})
+        log.mark_committed(stale, [(group.epochs[0], {}, {}, {}, None)])
     with pytest.raises(FencedError):
-        log.plan_group(stale, epoch_size=4, k=2)
+        plan_group(log, stale, epoch_size=4, k=2)
     with pytest.raises(FencedError):
-        log.finish_group(stale, group.group_id, protocol.PUBLISHED)
+        log.finish_group(stale, group.group_id)
     with pytest.raises(FencedError):
-        log.mark_failed(stale, group.epochs[0], "x")
+        log.mark_failed(stale, [group.epochs[0]], "x")
     # Nothing changed under the stale token.
     assert [e.state for e in log.epochs(P)] == [protocol.PLANNED, protocol.PLANNED]
-    log.mark_committed(fresh, group.epochs[0], delta_versions={}, rows={}, timings={})
+    log.mark_committed(fresh, [(group.epochs[0], {}, {}, {}, None)])
     assert log.epochs(P)[0].state == protocol.COMMITTED
 
 
 def test_release_lease(log):
-    lease = log.acquire_lease(P, "run-1")
+    lease = acquire_lease(log, P, "run-1")
     assert log.release_lease(lease) is True
     assert log.lease_holder(P) is None
     assert log.release_lease(lease) is False  # released already
     with pytest.raises(FencedError):
         log.check_lease(lease)
-    other = log.acquire_lease(P, "run-2")  # free now, no wait for expiry
+    other = acquire_lease(log, P, "run-2")  # free now, no wait for expiry
     assert other.fence == lease.fence + 1
 
 
 def test_current_lease_names_the_holder(log):
-    log.acquire_lease(P, "run-1")
-    assert log.current_lease(P, "run-1") == Lease(P, "run-1", 1)
+    held = acquire_lease(log, P, "run-1")
+    assert log.current_lease(P, "run-1") == Lease(P, "run-1", held.fence)
     with pytest.raises(FencedError, match="'run-1'"):
         log.current_lease(P, "run-2")
 
@@ -319,10 +337,10 @@ def test_current_lease_names_the_holder(log):
 
 def test_mark_committed_then_publish_moves_states(log):
     log.register_files(P, files(6))
-    lease = log.acquire_lease(P, "run-1")
-    group = log.plan_group(lease, epoch_size=3, k=2)
+    lease = acquire_lease(log, P, "run-1")
+    group = plan_group(log, lease, epoch_size=3, k=2)
     for e in group.epochs:
-        log.start_attempt(lease, e)
+        log.start_attempt(lease, [e])
     commit_all(log, lease, group, rows={"input": 10, "output": 7, "rejected": 3})
     committed = log.group(P, group.group_id)
     assert [e.state for e in committed.epochs] == [protocol.COMMITTED] * 2
@@ -331,7 +349,7 @@ def test_mark_committed_then_publish_moves_states(log):
     assert committed.epochs[0].committed_at is not None
     assert committed.state == protocol.PLANNED
 
-    published = log.finish_group(lease, group.group_id, protocol.PUBLISHED)
+    published = log.finish_group(lease, group.group_id)
     assert published.state == protocol.PUBLISHED
     assert [e.state for e in published.epochs] == [protocol.PUBLISHED] * 2
     assert all(e.published_at is not None for e in published.epochs)
@@ -340,10 +358,10 @@ def test_mark_committed_then_publish_moves_states(log):
 
 def test_mark_committed_is_idempotent(log):
     log.register_files(P, files(2))
-    lease = log.acquire_lease(P, "run-1")
-    epoch = log.plan_group(lease, epoch_size=2, k=1).epochs[0]
-    log.mark_committed(lease, epoch, delta_versions={"out": 4}, rows={"input": 2}, timings={})
-    log.mark_committed(lease, epoch, delta_versions={"out": 9}, rows={"input": 99}, timings={})  # a replay
+    lease = acquire_lease(log, P, "run-1")
+    epoch = plan_group(log, lease, epoch_size=2, k=1).epochs[0]
+    log.mark_committed(lease, [(epoch, {"out": 4}, {"input": 2}, {}, None)])
+    log.mark_committed(lease, [(epoch, {"out": 9}, {"input": 99}, {}, None)])  # a replay
     (stored,) = log.epochs(P)
     assert stored.state == protocol.COMMITTED
     assert stored.delta_versions == {"out": 4}
@@ -352,11 +370,11 @@ def test_mark_committed_is_idempotent(log):
 
 def test_mark_committed_after_publish_changes_nothing(log):
     log.register_files(P, files(2))
-    lease = log.acquire_lease(P, "run-1")
-    group = log.plan_group(lease, epoch_size=2, k=1)
+    lease = acquire_lease(log, P, "run-1")
+    group = plan_group(log, lease, epoch_size=2, k=1)
     commit_all(log, lease, group)
-    log.finish_group(lease, group.group_id, protocol.PUBLISHED)
-    log.mark_committed(lease, group.epochs[0], delta_versions={"out": 99}, rows={"input": 1}, timings={})
+    log.finish_group(lease, group.group_id)
+    log.mark_committed(lease, [(group.epochs[0], {"out": 99}, {"input": 1}, {}, None)])
     (stored,) = log.epochs(P)
     assert stored.state == protocol.PUBLISHED
     assert stored.delta_versions == {"out": 0}
@@ -366,10 +384,10 @@ def test_mark_committed_after_publish_changes_nothing(log):
 def test_plan_group_while_own_group_in_flight_replans_it(log):
     """A retried plan task (same owner, new token) takes over its own unfinished group."""
     log.register_files(P, files(8))
-    first = log.acquire_lease(P, "run-1")
-    g0 = log.plan_group(first, epoch_size=4, k=2)
-    retry = log.acquire_lease(P, "run-1")
-    g1 = log.plan_group(retry, epoch_size=4, k=2)
+    first = acquire_lease(log, P, "run-1")
+    g0 = plan_group(log, first, epoch_size=4, k=2)
+    retry = acquire_lease(log, P, "run-1")
+    g1 = plan_group(log, retry, epoch_size=4, k=2)
     assert g1.reprocessing is True
     assert spans(g1) == spans(g0)
     assert g1.fence == retry.fence
@@ -379,13 +397,13 @@ def test_plan_group_while_own_group_in_flight_replans_it(log):
 
 def test_failed_epoch_can_still_commit(log):
     log.register_files(P, files(2))
-    lease = log.acquire_lease(P, "run-1")
-    epoch = log.plan_group(lease, epoch_size=2, k=1).epochs[0]
-    log.mark_failed(lease, epoch, "x" * 5000)
+    lease = acquire_lease(log, P, "run-1")
+    epoch = plan_group(log, lease, epoch_size=2, k=1).epochs[0]
+    log.mark_failed(lease, [epoch], "x" * 5000)
     (failed,) = log.epochs(P)
     assert failed.state == protocol.FAILED
     assert len(failed.error) == 4000  # truncated
-    log.mark_committed(lease, epoch, delta_versions={}, rows={}, timings={})
+    log.mark_committed(lease, [(epoch, {}, {}, {}, None)])
     (stored,) = log.epochs(P)
     assert stored.state == protocol.COMMITTED
     assert stored.error is None
@@ -393,11 +411,11 @@ def test_failed_epoch_can_still_commit(log):
 
 def test_finish_group_refuses_to_publish_uncommitted_epochs(log):
     log.register_files(P, files(6))
-    lease = log.acquire_lease(P, "run-1")
-    group = log.plan_group(lease, epoch_size=2, k=3)
-    log.mark_committed(lease, group.epochs[0], delta_versions={}, rows={}, timings={})
+    lease = acquire_lease(log, P, "run-1")
+    group = plan_group(log, lease, epoch_size=2, k=3)
+    log.mark_committed(lease, [(group.epochs[0], {}, {}, {}, None)])
     with pytest.raises(ProtocolError, match=r"group 0: epochs \[1, 2\] are not committed; cannot publish") as info:
-        log.finish_group(lease, group.group_id, protocol.PUBLISHED)
+        log.finish_group(lease, group.group_id)
     assert repr(P) in str(info.value)
     # The refusal changed nothing.
     assert log.group(P, 0).state == protocol.PLANNED
@@ -405,20 +423,20 @@ def test_finish_group_refuses_to_publish_uncommitted_epochs(log):
 
 
 def test_finish_group_unknown_group(log):
-    lease = log.acquire_lease(P, "run-1")
+    lease = acquire_lease(log, P, "run-1")
     with pytest.raises(ProtocolError, match="has no group 7"):
-        log.finish_group(lease, 7, protocol.PUBLISHED)
+        log.finish_group(lease, 7)
     with pytest.raises(ProtocolError, match="has no group 7"):
         log.group(P, 7)
 
 
 def test_summary_counts(log):
     log.register_files(P, files(7))
-    lease = log.acquire_lease(P, "run-1")
-    group = log.plan_group(lease, epoch_size=2, k=4)
+    lease = acquire_lease(log, P, "run-1")
+    group = plan_group(log, lease, epoch_size=2, k=4)
     for e in group.epochs[:3]:
-        log.mark_committed(lease, e, delta_versions={}, rows={"input": 10, "output": 8, "rejected": 2}, timings={})
-    log.mark_failed(lease, group.epochs[3], "boom")
+        log.mark_committed(lease, [(e, {}, {"input": 10, "output": 8, "rejected": 2}, {}, None)])
+    log.mark_failed(lease, [group.epochs[3]], "boom")
     summary = log.summary(P)
     assert summary == {
         "pipeline": P,
@@ -442,8 +460,8 @@ def test_epoch_and_group_records_are_json_able(log):
     import json
 
     log.register_files(P, files(2))
-    lease = log.acquire_lease(P, "run-1")
-    group = log.plan_group(lease, epoch_size=2, k=1)
+    lease = acquire_lease(log, P, "run-1")
+    group = plan_group(log, lease, epoch_size=2, k=1)
     record = json.loads(json.dumps(group.as_record()))
     assert record["epochs"][0]["start"] == 0
     assert record["epochs"][0]["planned_at"].endswith("Z")
@@ -454,19 +472,19 @@ def test_epoch_and_group_records_are_json_able(log):
 
 
 def test_two_instances_on_the_same_file_see_each_others_writes(db_url):
-    a, b = EpochLog(db_url), EpochLog(db_url)
+    a, b = EpochStore(db_url), EpochStore(db_url)
     try:
         a.register_files(P, files(4))
         assert len(b.manifest(P)) == 4
-        lease_b = b.acquire_lease(P, "run-b")
+        lease_b = acquire_lease(b, P, "run-b")
         with pytest.raises(PipelineBusyError, match="run-b"):
-            a.acquire_lease(P, "run-a")
-        group = b.plan_group(lease_b, epoch_size=2, k=2)
+            acquire_lease(a, P, "run-a")
+        group = plan_group(b, lease_b, epoch_size=2, k=2)
         assert [(e.epoch_id, e.start, e.end) for e in a.epochs(P)] == spans(group)
-        a.mark_committed(lease_b, group.epochs[0], delta_versions={}, rows={}, timings={})
+        a.mark_committed(lease_b, [(group.epochs[0], {}, {}, {}, None)])
         assert b.epochs(P)[0].state == protocol.COMMITTED
         assert b.release_lease(lease_b)
-        lease_a = a.acquire_lease(P, "run-a")
+        lease_a = acquire_lease(a, P, "run-a")
         with pytest.raises(FencedError):
             b.check_lease(lease_b)
         assert lease_a.fence == lease_b.fence + 1
@@ -477,11 +495,11 @@ def test_two_instances_on_the_same_file_see_each_others_writes(db_url):
 
 def _race_for_lease(url: str, pipeline: str, owner: str, barrier, results) -> None:
     """Child process: open the store, wait for the other racer, then try to take the lease."""
-    epoch_log = EpochLog(url)
+    store = EpochStore(url)
     try:
         barrier.wait(timeout=60)
         try:
-            lease = epoch_log.acquire_lease(pipeline, owner)
+            lease = acquire_lease(store, pipeline, owner)
         except PipelineBusyError as exc:
             results.put((owner, "busy", str(exc)))
         else:
@@ -489,11 +507,11 @@ def _race_for_lease(url: str, pipeline: str, owner: str, barrier, results) -> No
     except Exception as exc:  # reported to the parent, which fails the test with it
         results.put((owner, "error", f"{type(exc).__name__}: {exc}"))
     finally:
-        epoch_log.close()
+        store.close()
 
 
 def test_two_processes_race_for_the_lease(db_url):
-    EpochLog(db_url).close()  # the schema exists; the pipeline row does not yet
+    EpochStore(db_url).close()  # the schema exists; the pipeline row does not yet
     ctx = multiprocessing.get_context("spawn")
     barrier, results = ctx.Barrier(2), ctx.Queue()
     owners = ["proc-a", "proc-b"]
@@ -511,12 +529,11 @@ def test_two_processes_race_for_the_lease(db_url):
     (loser, busy, message), (winner, won, fence) = outcomes
     assert (busy, won) == ("busy", "won"), outcomes
     assert {loser, winner} == set(owners)
-    assert fence == 1
     assert "'raced'" in message and repr(winner) in message
-    log = EpochLog(db_url)
+    log = EpochStore(db_url)
     try:
         assert log.lease_holder("raced") == winner
-        assert log.current_lease("raced", winner).fence == 1
+        assert log.current_lease("raced", winner).fence == fence, "the loser's refused attempt bumped nothing"
     finally:
         log.close()
 
@@ -544,7 +561,7 @@ def test_one_engine_per_store_and_a_new_one_for_a_replaced_sqlite_file(tmp_path)
     """Opening the store again shares the engine (no schema check per task); a SQLite file
     deleted since (a lost store) gets a new engine and a new schema, not the unlinked file."""
     url = f"sqlite:///{tmp_path}/shared.db"
-    first, second = EpochLog(url), EpochLog(url)
+    first, second = EpochStore(url), EpochStore(url)
     assert first.engine is second.engine
     first.register_files(P, files(2))
     assert len(second.manifest(P)) == 2
@@ -552,11 +569,11 @@ def test_one_engine_per_store_and_a_new_one_for_a_replaced_sqlite_file(tmp_path)
     assert len(second.manifest(P)) == 2
     for f in tmp_path.glob("shared.db*"):
         f.unlink()
-    fresh = EpochLog(url)
+    fresh = EpochStore(url)
     assert fresh.engine is not first.engine
     assert fresh.manifest(P) == [], "a new, empty store: the tables were created again"
     fresh.register_files(P, files(1))
-    assert len(EpochLog(url).manifest(P)) == 1
+    assert len(EpochStore(url).manifest(P)) == 1
     assert (tmp_path / "shared.db").exists()
 
 
@@ -570,13 +587,13 @@ def test_reads_of_a_pipeline_that_never_ran_write_nothing(tmp_path):
     import sqlite3
 
     db_url = f"sqlite:///{tmp_path}/s.db"
-    EpochLog(db_url).close()  # the schema, as a writer created it
+    EpochStore(db_url).close()  # the schema, as a writer created it
     path = db_url.removeprefix("sqlite:///")
     before = Path(path).read_bytes()
-    reader = EpochLog(db_url)
+    reader = EpochStore(db_url)
     try:
         assert reader.generation(P) == 0 and reader.lease_holder(P) is None
-        assert reader.pending_rollback(P) is None and reader.halt_reason(P, 3) is None
+        assert reader.pending_rollback(P) is None and halt_reason(reader, P, 3, 10) is None
         assert reader.epochs(P) == [] and reader.epoch_history(P) == [] and reader.control_state(P) is None
         assert reader.summary(P)["epochs"] == 0 and reader.next_offset(P) == 0
     finally:
@@ -585,9 +602,9 @@ def test_reads_of_a_pipeline_that_never_ran_write_nothing(tmp_path):
         assert db.execute("SELECT count(*) FROM sluice_pipelines").fetchone() == (0,)
     wal = Path(path + "-wal")
     assert Path(path).read_bytes() == before and (not wal.exists() or wal.stat().st_size == 0), "a read wrote"
-    writer = EpochLog(db_url)
+    writer = EpochStore(db_url)
     try:
-        writer.acquire_lease(P, "w")  # a writer creates the row
+        acquire_lease(writer, P, "w")  # a writer creates the row
         assert writer.lease_holder(P) == "w"
     finally:
         writer.close()
@@ -596,8 +613,8 @@ def test_reads_of_a_pipeline_that_never_ran_write_nothing(tmp_path):
 def test_plan_group_bounds_new_epochs_in_bytes_and_counts_a_skipped_file_as_nothing(log):
     sizes = [60, 50, 30, 200, 20]
     log.register_files(P, [(f"/landing/b{i}.json", size, 1000.0 + i) for i, size in enumerate(sizes)])
-    log.skip_file(P, "/landing/b1.json", by="op", reason="lost upload")
-    lease = log.acquire_lease(P, "w")
-    group = log.plan_group(lease, epoch_size=3, k=10, max_bytes=100)
+    skip_entry(log, P, "/landing/b1.json", by="op", reason="lost upload")
+    lease = acquire_lease(log, P, "w")
+    group = plan_group(log, lease, epoch_size=3, k=10, max_bytes=100)
     # b1 is skipped (0 bytes): 60 + 0 + 30 fits; 200 is an epoch alone; then 20.
     assert spans(group) == [(0, 0, 3), (1, 3, 4), (2, 4, 5)]

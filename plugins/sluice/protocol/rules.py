@@ -1,24 +1,32 @@
-"""Pure rules of sluice's exactly-once protocol (Structured Streaming §6.1), free of I/O.
-
-The epoch log (``sluice.store``) and the Spark runner apply these rules; keeping them here
-makes the invariants unit-testable in milliseconds.
+"""Pure rules of sluice's exactly-once protocol (Structured Streaming §6.1), free of I/O: the
+epoch state machine, how ranges are planned, how a lease token travels in a Delta txn, how a
+table's commits are read back, when an epoch has failed too often. The steps
+(``sluice.protocol.run``, ``.group``, ``.operations``) apply them; keeping them here makes the
+invariants unit-testable in milliseconds.
 """
 
 from __future__ import annotations
 
-import os
-import socket
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 from sluice.errors import ProtocolError
+from sluice.model import (
+    COMMITTED,
+    FAILED,
+    PLANNED,
+    PUBLISHED,
+    QUARANTINED,
+    ROLLED_BACK,
+    UNFINISHED,
+    UNPUBLISHED,
+    Epoch,
+    LeaseOwner,
+    TableCommit,
+)
 
-PLANNED = "planned"
-COMMITTED = "committed"
-PUBLISHED = "published"
-FAILED = "failed"
-QUARANTINED = "quarantined"
-ROLLED_BACK = "rolled_back"
+__all__ = ["COMMITTED", "FAILED", "PLANNED", "PUBLISHED", "QUARANTINED", "ROLLED_BACK", "UNFINISHED", "UNPUBLISHED",
+           "LeaseOwner", "TableCommit"]
 
 #: States an epoch may move to from each state. ``failed`` epochs are retried with the same
 #: range, so they can still commit; ``rolled_back`` is terminal for that generation.
@@ -30,57 +38,6 @@ TRANSITIONS: dict[str, frozenset[str]] = {
     PUBLISHED: frozenset({ROLLED_BACK}),
     ROLLED_BACK: frozenset(),
 }
-
-#: Epochs in these states still need their data written (again, with the recorded range).
-UNFINISHED = frozenset({PLANNED, FAILED})
-#: Epochs a run planned but did not publish: the next run takes them over as its group, before
-#: planning anything new; committed ones are not rewritten, only published.
-UNPUBLISHED = UNFINISHED | {COMMITTED}
-
-
-@dataclass(frozen=True)
-class LeaseOwner:
-    """Who holds a pipeline's lease, stored as text: ``airflow:<dag_id>:<run_id>``, one DAG run
-    (the runs of a DAG share the prefix ``airflow:<dag_id>:``), or ``cli:<host>:<pid>``, one
-    process outside Airflow. Built and parsed here only."""
-
-    kind: str  # AIRFLOW or CLI
-    scope: str  # the DAG id, or the host
-    name: str  # the run id, or the process id
-
-    AIRFLOW = "airflow"
-    CLI = "cli"
-
-    @classmethod
-    def dag_run(cls, dag_id: str, run_id: str) -> LeaseOwner:
-        return cls(cls.AIRFLOW, dag_id, run_id)
-
-    @classmethod
-    def this_process(cls) -> LeaseOwner:
-        return cls(cls.CLI, socket.gethostname(), str(os.getpid()))
-
-    @classmethod
-    def parse(cls, text: str | None) -> LeaseOwner | None:
-        kind, _, rest = (text or "").partition(":")
-        if kind == cls.AIRFLOW:
-            scope, _, name = rest.partition(":")  # a DAG id holds no ':', a run id may
-        elif kind == cls.CLI:
-            scope, _, name = rest.rpartition(":")  # the process id comes last
-        else:
-            return None
-        return cls(kind, scope, name) if scope and name else None
-
-    @staticmethod
-    def runs_of(dag_id: str) -> str:
-        """The prefix of every run of ``dag_id``: what a take-over among one DAG's runs matches."""
-        return f"{LeaseOwner.AIRFLOW}:{dag_id}:"
-
-    @property
-    def dag_prefix(self) -> str | None:
-        return self.runs_of(self.scope) if self.kind == self.AIRFLOW else None
-
-    def __str__(self) -> str:
-        return f"{self.kind}:{self.scope}:{self.name}"
 
 
 @dataclass(frozen=True)
@@ -191,21 +148,6 @@ def epochs_to_reprocess(states: Sequence[tuple[int, str]]) -> list[int]:
     return [epoch_id for epoch_id, state in states if state in UNPUBLISHED]
 
 
-@dataclass(frozen=True)
-class TableCommit:
-    """What reconcile needs of one Delta commit: its operation, the version a RESTORE went back
-    to, and the sluice ``userMetadata`` (app id, generation, epochs) if sluice wrote it."""
-
-    version: int
-    operation: str
-    restored_to: int | None = None
-    app_id: str | None = None
-    generation: int | None = None
-    epochs: tuple[int, ...] = ()
-    token: int = 0  # the lease token of the run that wrote it (0: before tokens were recorded)
-    pipeline: str | None = None  # the sluice pipeline that wrote it (None: not sluice)
-
-
 def current_lineage(commits: Iterable[TableCommit]) -> Iterator[TableCommit]:
     """The commits still in the table, newest first, from all its commits newest first: a
     RESTORE's lineage continues at the version it restored (what it undid is no longer in the
@@ -252,3 +194,27 @@ def first_commit_holding(commits: Iterable[TableCommit], app_id: str, generation
                 break
             found = commit.version
     return found
+
+
+def halt_reason(epochs: Sequence[Epoch], max_attempts: int, max_crashes: int) -> str | None:
+    """Why no new group may start because of the current generation's failed epochs, or
+    ``None``: one that failed validation under the ``fail`` policy, one whose attempts failed
+    ``max_attempts`` times (an error each time: a poison record, a bug), or one whose driver
+    died ``max_crashes`` times without a word (killed, out of memory: counted apart, since a
+    preempted machine is not a poison record). Recovery (``sluice_recover``) resets the counts."""
+    for e in epochs:
+        if e.state == FAILED and e.validation and not all(v.get("success", True) for v in e.validation.values()):
+            return (f"epoch {e.epoch_id} failed validation and the policy is `fail`: {e.error}. "
+                    "Fix the transform or the data, then trigger sluice_recover (rerun with the same ranges) "
+                    "or sluice_rollback")
+    for e in epochs:
+        if e.state in UNFINISHED and e.failures >= max_attempts:
+            return (f"epoch {e.epoch_id} (offsets [{e.start}, {e.end})) failed {e.failures} times "
+                    f"(control.max_attempts = {max_attempts}); last error: {e.error}. Fix the cause, then trigger "
+                    "sluice_recover (or sluice_skip_file for a file that is gone or unreadable)")
+        if e.state in UNFINISHED and e.crashes >= max_crashes:
+            return (f"epoch {e.epoch_id} (offsets [{e.start}, {e.end})): its Spark driver died {e.crashes} times "
+                    f"without reporting an error (control.max_crashes = {max_crashes}): killed, out of memory, or "
+                    "its machine lost. Raise spark.driver.memory or lower control.epoch_files if it ran out of "
+                    "memory, then trigger sluice_recover")
+    return None

@@ -1,0 +1,506 @@
+"""The data plane of a group: read exactly its ranges, split off rejected records, transform,
+validate each epoch's output; everything that happens before the first commit, and nothing of
+the protocol. ``Compute`` is what the protocol's group job (``sluice.protocol.group``) asks of it;
+``SparkCompute`` does it in a SparkSession, and the simulation's twin (``sluice.sim.compute``)
+in plain Python over the same landed files.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import logging
+import sys
+import threading
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from sluice import validation
+from sluice.errors import SluiceError
+from sluice.model import Epoch, EpochRange
+from sluice.paths import transforms_dir
+from sluice.spec import PipelineSpec, SinkSpec
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+    from sluice.delta.spark import SparkTables
+    from sluice.store import EpochStore
+
+log = logging.getLogger("sluice.compute")
+
+REJECTED_COLUMNS = ("pipeline", "epoch", "generation", "file", "line", "reason", "record")
+QUARANTINE_COLUMNS = ("pipeline", "sink", "epoch", "generation", "range_start", "range_end", "expectations", "record")
+REJECTED = "_rejected"
+QUARANTINE = "_quarantine"
+
+
+@dataclass
+class Prepared:
+    """Epochs read, split, transformed and validated, not yet written: the frames each table
+    gets (``rejected``, ``quarantined``, ``outputs`` by sink), the counts and the validation
+    results per epoch. ``committing``: the epochs to write, those before ``failed`` (the first
+    that failed validation under the ``fail`` policy)."""
+
+    epochs: list[Epoch]
+    t0: float
+    timings: dict[str, float]
+    n_input: dict[int, int] = field(default_factory=dict)
+    n_rejected: dict[int, int] = field(default_factory=dict)
+    rejected: Any = None
+    quarantined: Any = None
+    outputs: dict[str, Any] = field(default_factory=dict)
+    counts: dict[str, int] = field(default_factory=dict)  # sink rows, when computed already
+    results: dict[int, dict[str, validation.SinkValidation]] = field(default_factory=dict)
+    committing: list[Epoch] = field(default_factory=list)
+    failed: Epoch | None = None
+    cached: list[Any] = field(default_factory=list)
+    background: list[threading.Thread] = field(default_factory=list)
+
+    def wait(self) -> None:
+        for thread in self.background:
+            thread.join()
+
+    def release(self) -> None:
+        self.wait()
+        for frame in self.cached:
+            frame.unpersist()
+        self.cached.clear()
+
+
+class Compute(ABC):
+    """A group's data plane for one pipeline."""
+
+    def __init__(self, spec: PipelineSpec, store: EpochStore) -> None:
+        from sluice.sources import source_for
+
+        self.spec = spec
+        self.store = store
+        self.source = source_for(spec, store)
+
+    @abstractmethod
+    def empty(self) -> dict[str, Any]:
+        """A frame with no rows and each table's schema, by table name (the sinks', from the
+        transform applied to empty input; ``_rejected`` and ``_quarantine``, fixed): what a
+        table is created from before anything is written to it."""
+
+    @abstractmethod
+    def prepare_group(self, epochs: list[Epoch]) -> Prepared:
+        """Read the epochs' ranges (one scan where possible), split, transform, validate."""
+
+    @abstractmethod
+    def prepare_epoch(self, epoch: Epoch, *, materialize: bool = False, weight: int = 1) -> Prepared:
+        """``prepare_group`` of one epoch; with ``materialize`` its outputs are computed and kept
+        now (a concurrent epoch's work: committing it later is only the write)."""
+
+    @abstractmethod
+    def locate_poison(self, span: EpochRange) -> tuple[str, int, str] | None:
+        """The first record of the range that alone makes the transform fail: (file, line,
+        record); ``None`` when the failure does not come from one record."""
+
+    def died(self, exc: BaseException) -> bool:
+        """Whether the failure means the engine itself is gone (the driver died)."""
+        return False
+
+    def set_partitions(self, n: int) -> None:
+        """The controllers' shuffle partition count for this group (DyBBS)."""
+
+    def read_memory(self, timings: dict[str, float]) -> None:
+        """Add what the group held in memory since it started to its timings."""
+
+
+# -- Spark -----------------------------------------------------------------------------------------
+
+
+def load_transform(name: str) -> Callable[..., Any]:
+    """Import ``module.function`` from the transforms folder (``paths.transforms_dir``), or
+    ``package.module.function`` from anywhere on the Python path."""
+    module_name, _, func = name.rpartition(".")
+    folder = transforms_dir()
+    if str(folder.parent) not in sys.path:
+        sys.path.insert(0, str(folder.parent))
+    where = str(folder / f"{module_name}.py") if "." not in module_name else module_name
+    try:
+        module = importlib.import_module(f"transforms.{module_name}" if "." not in module_name else module_name)
+    except ModuleNotFoundError as exc:
+        raise SluiceError(f"transform {name!r}: cannot import {where}: {exc}") from None
+    try:
+        return getattr(module, func)
+    except AttributeError:
+        raise SluiceError(f"transform {name!r}: {where} has no {func}()") from None
+
+
+def load_reference(spark: SparkSession, spec: PipelineSpec) -> dict[str, DataFrame]:
+    from pyspark.sql import functions as F
+
+    refs = {}
+    for name, path in spec.reference.items():
+        if not Path(path).is_file():
+            raise SluiceError(f"pipeline {spec.name!r}: reference table {name!r} file {path} does not exist")
+        refs[name] = F.broadcast(spark.read.option("header", True).csv(path).cache())
+    return refs
+
+
+def tag_rejected(records: DataFrame, spec: PipelineSpec) -> DataFrame:
+    """Add ``_reason``: why a record is malformed (unparseable, missing a required field,
+    failing a check), NULL for a valid one."""
+    from pyspark.sql import functions as F
+
+    rules = [(F.col("_defect").isNotNull(), F.concat(F.lit("malformed record: "), F.col("_defect"))),
+             (F.col("_corrupt_record").isNotNull(), F.lit("malformed record: not parseable as " + spec.source.format))]
+    if spec.source.drift == "reject":
+        rules.append((F.col("_rescued_data").isNotNull(),
+                      F.concat(F.lit("fields not in source.schema (source.unknown_fields: reject): "),
+                               F.col("_rescued_data"))))
+    rules += [(F.col(f"`{f}`").isNull(), F.lit(f"missing required field {f!r}")) for f in spec.source.required]
+    rules += [(~F.coalesce(F.expr(expr), F.lit(False)), F.lit(f"failed check {name!r}: {expr}"))
+              for name, expr in spec.source.checks.items()]
+    return records.withColumn("_reason", F.coalesce(*[F.when(cond, msg) for cond, msg in rules]))
+
+
+def split_rejected(records: DataFrame, spec: PipelineSpec, generation: int, epoch_id: int | None = None,
+                   tagged: DataFrame | None = None) -> tuple[DataFrame, DataFrame]:
+    """Separate malformed records (``tag_rejected``; pass ``tagged`` if already computed).
+
+    Rejected rows keep the pipeline, epoch (``epoch_id``, or the records' ``_epoch`` column),
+    generation, file, line, reason and the raw record; nothing about them is non-deterministic,
+    so a replayed epoch writes the same rows.
+    """
+    from pyspark.sql import functions as F
+
+    fields = list(spec.source.schema_)
+    tagged = tag_rejected(records, spec) if tagged is None else tagged
+    rescued = ["_rescued_data"] if spec.source.drift == "rescue" else []
+    valid = tagged.where(F.col("_reason").isNull()).select(*[F.col(f"`{f}`") for f in fields], *rescued)
+    raw = F.coalesce(F.col("_corrupt_record"), F.to_json(F.struct(*[F.col(f"`{f}`") for f in fields])))
+    epoch = F.col("_epoch").cast("int") if epoch_id is None else F.lit(epoch_id)
+    rejected = tagged.where(F.col("_reason").isNotNull()).select(
+        F.lit(spec.name).alias("pipeline"), epoch.alias("epoch"),
+        F.lit(generation).alias("generation"), F.col("_file").alias("file"),
+        F.col("_line").cast("long").alias("line"), F.col("_reason").alias("reason"), raw.alias("record"))
+    return valid, rejected
+
+
+def quarantine_rows(bad: DataFrame, spec: PipelineSpec, sink: str, epoch: Epoch) -> DataFrame:
+    """Rows that failed validation, with where they came from and what they broke."""
+    from pyspark.sql import functions as F
+
+    columns = [c for c in bad.columns if c != "expectations"]
+    return bad.select(
+        F.lit(spec.name).alias("pipeline"), F.lit(sink).alias("sink"), F.lit(epoch.epoch_id).alias("epoch"),
+        F.lit(epoch.generation).alias("generation"), F.lit(epoch.start).cast("long").alias("range_start"),
+        F.lit(epoch.end).cast("long").alias("range_end"), F.col("expectations"),
+        F.to_json(F.struct(*[F.col(f"`{c}`") for c in columns]), {"ignoreNullFields": "false"}).alias("record"))
+
+
+def quarantine_sink(spec: PipelineSpec) -> SinkSpec:
+    """The quarantine table (one per pipeline, rows of every sink)."""
+    return SinkSpec.model_construct(name=QUARANTINE, mode="append", path=spec.quarantine_table, keys=[], sums=[],
+                                    partition_by=[], expectations=None)
+
+
+def rejected_sink(spec: PipelineSpec) -> SinkSpec:
+    """The rejected-records table: malformed input with its epoch, file and line."""
+    return SinkSpec.model_construct(name=REJECTED, mode="append", path=spec.rejected_table, keys=[], sums=[],
+                                    partition_by=[], expectations=None)
+
+
+MAX_POOL_WEIGHT = 8  # FAIR pools sluice_w1 .. sluice_w8 (jobs/fairscheduler.xml)
+_GX_LOCK = threading.Lock()
+
+
+class SparkCompute(Compute):
+    """The data plane in a SparkSession (classic or Spark Connect)."""
+
+    def __init__(self, spec: PipelineSpec, store: EpochStore, spark: SparkSession,
+                 tables: SparkTables | None = None) -> None:
+        from sluice.spark import MemoryProbe
+
+        super().__init__(spec, store)
+        self.spark = spark
+        self.tables = tables
+        self.transform = load_transform(spec.transform)
+        self.suites = {s.name: validation.load_suite(s.expectations) for s in spec.sinks if s.expectations}
+        self._refs: dict[str, DataFrame] | None = None
+        self.memory = MemoryProbe(spark, spec.name)  # per group (or epoch): the controllers' memory budget
+
+    @property
+    def refs(self) -> dict[str, DataFrame]:
+        if self._refs is None:
+            self._refs = load_reference(self.spark, self.spec)
+        return self._refs
+
+    def set_partitions(self, n: int) -> None:
+        self.spark.conf.set("spark.sql.shuffle.partitions", str(n))
+
+    def died(self, exc: BaseException) -> bool:
+        return driver_died(exc)
+
+    def read_memory(self, timings: dict[str, float]) -> None:
+        reading = self.memory.read()
+        if reading is not None:
+            timings.update(memory_peak_mb=reading.peak_mb, memory_spilled_mb=reading.spilled_mb,
+                           memory_budget_mb=reading.budget_mb)
+
+    def _outputs(self, valid: DataFrame) -> dict[str, DataFrame]:
+        outputs = self.transform(valid, self.refs)
+        if not isinstance(outputs, dict):
+            outputs = {self.spec.sinks[0].name: outputs}
+        return outputs
+
+    def empty(self) -> dict[str, Any]:
+        records = self.source.empty_records(self.spark, with_epoch=True)
+        valid, rejected = split_rejected(records, self.spec, 0)
+        frames: dict[str, Any] = {REJECTED: rejected}
+        outputs = self._outputs(valid)
+        for sink in self.spec.sinks:
+            frames[sink.name] = outputs[sink.name]
+        frames[QUARANTINE] = self.spark.createDataFrame(
+            [], "pipeline string, sink string, epoch int, generation int, range_start long, range_end long, "
+                "expectations array<string>, record string")
+        return frames
+
+    def _warm(self, prepared: Prepared, frames: dict[str, Any]) -> None:
+        """Warm the tables' snapshots (their state: Spark jobs of their own, ~0.4 s per table)
+        in background threads while the group is read: a commit does not wait for it. Best
+        effort: each write loads what it needs itself."""
+        from sluice.spark import is_connect
+
+        if self.tables is None or is_connect(self.spark):
+            return
+        paths = {REJECTED: self.spec.rejected_table, **{s.name: s.path for s in self.spec.sinks}}
+
+        def run(path: str) -> None:
+            self.spark.sparkContext.setLocalProperty("spark.scheduler.pool", f"sluice_w{MAX_POOL_WEIGHT}")
+            try:
+                self.tables.warm(path)
+            except Exception as exc:  # the write reports it, with its context
+                log.debug("pipeline %s: table %s not warmed ahead: %s", self.spec.name, path, exc)
+
+        prepared.background = [threading.Thread(target=run, args=(paths[name],), daemon=True,
+                                                name=f"sluice-ready-{self.spec.name}-{name}")
+                               for name in frames if name in paths]
+        for thread in prepared.background:
+            thread.start()
+
+    def prepare_group(self, epochs: list[Epoch]) -> Prepared:
+        """Read the epochs' ranges in one scan, split off rejected records, transform and
+        validate. Without expectation suites the group is transformed as one frame (one
+        shuffle); with them each epoch is transformed and validated on its own (epochs stay
+        the unit of validation and quarantine) and the outputs are unioned for the commit."""
+        from functools import reduce
+
+        from pyspark.sql import functions as F
+
+        t0 = time.monotonic()
+        timings: dict[str, float] = {}
+        self.memory.start()
+        records = self.source.read_epochs(self.spark, [e.range for e in epochs]).persist()
+        prepared = Prepared(list(epochs), t0, timings, cached=[records])
+        try:
+            tagged = tag_rejected(records, self.spec)
+            valid, rejected = split_rejected(records, self.spec, epochs[0].generation, tagged=tagged)
+            outputs = self._outputs(valid)
+            self._warm(prepared, {REJECTED: rejected, **outputs})
+            # One job reads the ranges into the cache and counts input and rejected records per epoch.
+            counts = tagged.groupBy("_epoch").agg(F.count(F.lit(1)).alias("n"), F.count("_reason").alias("r"))
+            for row in counts.collect():
+                prepared.n_input[int(row["_epoch"])], prepared.n_rejected[int(row["_epoch"])] = row["n"], row["r"]
+            timings["read_s"] = round(time.monotonic() - t0, 3)
+            if not self.suites:
+                prepared.rejected, prepared.outputs, prepared.committing = rejected, outputs, list(epochs)
+                return prepared
+            per_sink: dict[str, list[DataFrame]] = {}
+            quarantined: list[DataFrame] = []
+            for epoch in epochs:
+                valid, _ = split_rejected(records.where(F.col("_epoch") == epoch.epoch_id), self.spec,
+                                          epoch.generation, epoch.epoch_id)
+                outputs = self._outputs(valid)
+                results = self._validate(epoch, outputs, quarantined, timings)
+                prepared.results[epoch.epoch_id] = results
+                if self.spec.validation.policy == "fail" and any(not r.success for r in results.values()):
+                    prepared.failed = epoch  # it and later epochs are not written
+                    break
+                for name, frame in outputs.items():
+                    per_sink.setdefault(name, []).append(frame)
+                prepared.committing.append(epoch)
+            written = [e.epoch_id for e in prepared.committing]
+            prepared.rejected = rejected.where(F.col("epoch").isin(written))
+            prepared.outputs = {name: reduce(lambda a, b: a.unionByName(b), frames)
+                                for name, frames in per_sink.items()}
+            if quarantined:
+                prepared.quarantined = reduce(lambda a, b: a.unionByName(b), quarantined)
+        except BaseException:
+            prepared.release()
+            raise
+        return prepared
+
+    def _validate(self, epoch: Epoch, outputs: dict[str, DataFrame], quarantined: list[DataFrame],
+                  timings: dict[str, float]) -> dict[str, validation.SinkValidation]:
+        """Each sink's suite on the epoch's output (``outputs`` loses the quarantined rows)."""
+        results: dict[str, validation.SinkValidation] = {}
+        policy = self.spec.validation.policy
+        for sink in self.spec.sinks:
+            suite = self.suites.get(sink.name)
+            if suite is None:
+                continue
+            t_val = time.monotonic()
+            with _GX_LOCK:  # one validation at a time: GX's context is shared by the process
+                result, outputs[sink.name], bad = validation.validate(
+                    sink.name, outputs[sink.name], suite, locate_rows=policy == "quarantine")
+            if bad is not None:
+                result = replace(result, quarantined=bad.count())
+                quarantined.append(quarantine_rows(bad, self.spec, sink.name, epoch))
+            results[sink.name] = result
+            key = f"validate_{sink.name}_s"
+            timings[key] = round(timings.get(key, 0) + time.monotonic() - t_val, 3)
+        return results
+
+    def prepare_epoch(self, epoch: Epoch, *, materialize: bool = False, weight: int = 1) -> Prepared:
+        from functools import reduce
+
+        from pyspark.sql import functions as F
+
+        from sluice.spark import is_connect
+
+        if materialize:
+            # Spark Connect has no SparkContext here: concurrent epochs share the server's pool.
+            sc = None if is_connect(self.spark) else getattr(self.spark, "sparkContext", None)
+            if sc is not None:  # classic Spark: this thread's jobs go to the epoch's FAIR pool
+                sc.setLocalProperty("spark.scheduler.pool", f"sluice_w{min(weight, MAX_POOL_WEIGHT)}")
+        timings: dict[str, float] = {}
+        t0 = time.monotonic()
+        if not materialize:  # concurrent epochs' jobs run in pool threads: not measured
+            self.memory.start()
+        records = self.source.read(self.spark, epoch.start, epoch.end).persist()
+        prepared = Prepared([epoch], t0, timings, cached=[records])
+        try:
+            tagged = tag_rejected(records, self.spec)
+            # One job reads the range into the cache and counts input and rejected records.
+            n_input, n_rejected = tagged.agg(F.count(F.lit(1)), F.count("_reason")).first()
+            prepared.n_input[epoch.epoch_id], prepared.n_rejected[epoch.epoch_id] = n_input, n_rejected
+            valid, prepared.rejected = split_rejected(records, self.spec, epoch.generation, epoch.epoch_id, tagged)
+            outputs = self._outputs(valid)
+            timings["read_s"] = round(time.monotonic() - t0, 3)
+            quarantined: list[DataFrame] = []
+            results = self._validate(epoch, outputs, quarantined, timings)
+            prepared.results[epoch.epoch_id] = results
+            if quarantined:
+                prepared.quarantined = reduce(lambda a, b: a.unionByName(b), quarantined)
+            if self.spec.validation.policy == "fail" and any(not r.success for r in results.values()):
+                prepared.failed = epoch
+                return prepared
+            if materialize:
+                for name, frame in outputs.items():
+                    outputs[name] = frame.persist()
+                    prepared.cached.append(outputs[name])
+                    prepared.counts[name] = outputs[name].count()
+                timings["compute_s"] = round(time.monotonic() - t0, 3)
+            prepared.outputs = outputs
+            prepared.committing = [epoch]
+        except BaseException:
+            prepared.release()
+            raise
+        return prepared
+
+    def locate_poison(self, span: EpochRange, max_probes: int = 40) -> tuple[str, int, str] | None:
+        """The first record of the range that alone makes the transform fail, by bisection
+        over its files, then its lines (each probe evaluates the transform on a subset without
+        writing). ``None`` when the failure does not come from one record."""
+        from pyspark.sql import functions as F
+
+        probes = 0
+        try:
+            records = self.source.read(self.spark, span.start, span.end).persist()
+        except Exception:
+            return None
+
+        def fails(cond: Any) -> bool:
+            nonlocal probes
+            probes += 1
+            valid, _ = split_rejected(records.where(cond), self.spec, 0, span.epoch_id)
+            try:
+                for frame in self._outputs(valid).values():
+                    frame.write.format("noop").mode("overwrite").save()
+            except Exception:
+                return True
+            return False
+
+        quiet = _QuietErrors(self.spark)  # each failing probe would log a full stack trace
+        try:
+            quiet.__enter__()
+            files = [r["_file"] for r in records.select("_file").distinct().orderBy("_file").collect()]
+            if not files or not fails(F.lit(True)):
+                return None
+            lo, hi = 0, len(files) - 1  # the first failing file: files[:i+1] fail, files[:i] do not
+            while lo < hi and probes < max_probes:
+                mid = (lo + hi) // 2
+                if fails(F.col("_file").isin(files[: mid + 1])):
+                    hi = mid
+                else:
+                    lo = mid + 1
+            path = files[lo]
+            in_file = F.col("_file") == path
+            last = records.where(in_file).agg(F.max("_line")).first()[0]
+            lo, hi = 1, int(last)
+            while lo < hi and probes < max_probes:
+                mid = (lo + hi) // 2
+                if fails(in_file & (F.col("_line") <= mid)):
+                    hi = mid
+                else:
+                    lo = mid + 1
+            if probes >= max_probes or not fails(in_file & (F.col("_line") == lo)):
+                return None
+            row = records.where(in_file & (F.col("_line") == lo)).first()
+            fields = {k: row[k] for k in self.spec.source.schema_}
+            return path, lo, row["_corrupt_record"] or json.dumps(fields)
+        finally:
+            quiet.__exit__()
+            records.unpersist()
+
+
+class _QuietErrors:
+    """Silence Spark's error logs (JVM and PySpark's query-context logger) for a while."""
+
+    def __init__(self, spark: SparkSession) -> None:
+        self.spark = spark
+        self.py_logger = logging.getLogger("DataFrameQueryContextLogger")
+        self.saved: tuple[Any, int] | None = None
+
+    def __enter__(self) -> None:
+        from sluice.spark import is_connect
+
+        if is_connect(self.spark):  # the JVM's log is the Connect server's, not this task's
+            self.saved = (None, self.py_logger.level)
+            self.py_logger.setLevel(logging.CRITICAL + 1)
+            return
+        try:
+            jvm_root = self.spark._jvm.org.apache.logging.log4j.LogManager.getRootLogger()
+            self.saved = (jvm_root.getLevel().toString(), self.py_logger.level)
+        except Exception:  # no JVM to quiet
+            return
+        self.spark.sparkContext.setLogLevel("OFF")
+        self.py_logger.setLevel(logging.CRITICAL + 1)
+
+    def __exit__(self, *_: Any) -> None:
+        if self.saved is not None:
+            if self.saved[0] is not None:
+                self.spark.sparkContext.setLogLevel(self.saved[0])
+            self.py_logger.setLevel(self.saved[1])
+
+
+def driver_died(exc: BaseException) -> bool:
+    """Whether the Spark driver JVM is gone or out of memory: py4j then reports a refused or
+    reset socket (or an empty answer), and ``locate_poison`` would only fail the same way."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        text = str(seen)
+        if (isinstance(seen, ConnectionError | BrokenPipeError) or type(seen).__name__ == "Py4JNetworkError"
+                or "Answer from Java side is empty" in text or "java.lang.OutOfMemoryError" in text):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False

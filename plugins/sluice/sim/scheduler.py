@@ -1,0 +1,240 @@
+"""A deterministic scheduler of actors for the simulation: each actor (a DAG run, an operator's
+action) is a thread running the real protocol code; only one runs at a time, and it runs until
+its next step boundary (``sluice.boundary``: a Delta facade call, a store transaction), where it
+hands the turn back. The scheduler, from a seeded ``random.Random``, picks who goes next and what
+happens there: the step is taken, or the actor is killed (SIGKILL: it vanishes, no cleanup runs),
+or paused (SIGSTOP: a zombie, resumed later, after its lease expired). Virtual time advances
+between steps; a lease kept alive by a paused actor is not renewed.
+
+Same seed, same interleaving, same faults: a failing schedule replays exactly.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from sluice import boundary
+
+#: How long the scheduler waits for an actor to reach its next boundary before it calls the
+#: actor stuck (a blocking call outside any step boundary): a bug of the simulation.
+STUCK_S = 60.0
+
+
+class Killed(BaseException):  # noqa: N818  (not an error: the process is gone)
+    """The actor's process vanished (SIGKILL) at a step boundary: nothing after it runs, not
+    even its ``finally`` blocks' store or Delta calls (each of them is a boundary too)."""
+
+
+class Stuck(RuntimeError):
+    """An actor did not reach a step boundary in time: it blocks outside the simulation's steps."""
+
+
+_local = threading.local()
+
+
+def current() -> Actor | None:
+    return getattr(_local, "actor", None)
+
+
+@dataclass(eq=False)
+class Actor:
+    """One process-like thing the scheduler interleaves. ``program(actor)`` runs in its own
+    thread; ``owner`` is its lease owner (a DAG run)."""
+
+    name: str
+    program: Callable[[Actor], Any]
+    owner: str = ""
+    can_pause: bool = True
+    state: str = "new"  # new, ready, running, paused, sleeping, done
+    wake_at: float = 0.0
+    step: str = ""
+    killed: bool = False
+    error: BaseException | None = None
+    result: Any = None
+    note: str = ""  # why it failed, in its own words
+    steps: list[str] = field(default_factory=list)
+    keepers: list[list[Any]] = field(default_factory=list)  # [lease, ttl_s, last renewed]
+    paused_at: float | None = None
+    thread: threading.Thread | None = None
+    go: threading.Event = field(default_factory=threading.Event)
+
+    @property
+    def finished(self) -> bool:
+        return self.state == "done"
+
+
+class Scheduler:
+    """Runs actors one step at a time. ``now`` is the virtual time (seconds)."""
+
+    def __init__(self, rng: random.Random, start: float = 1_780_000_000.0) -> None:
+        self.rng = rng
+        self.now = start
+        self.actors: list[Actor] = []
+        self._back = threading.Event()
+        self.steps = 0
+        self.trace: list[str] = []
+        self.renew: Callable[[Any, float], None] | None = None  # (lease, ttl) -> renew, from the world
+        self.kill_p = 0.0
+        self.pause_p = 0.0
+        self.pause_s: tuple[float, float] = (0.0, 0.0)
+        self.faults = True
+        self.log_steps = False  # every step in the trace (a replay's detail)
+
+    # -- in the actor's thread -------------------------------------------------------------------
+
+    def hook(self, name: str) -> None:
+        actor = current()
+        if actor is None:  # the scheduler's own calls (renewals, checks)
+            return
+        if actor.killed:
+            raise Killed(name)
+        actor.step = name
+        actor.steps.append(name)
+        actor.state = "ready"
+        actor.go.clear()
+        self._back.set()
+        actor.go.wait()
+        if actor.killed:
+            raise Killed(name)
+
+    def sleep(self, seconds: float) -> None:
+        """An actor waits (virtual time): a step boundary it leaves only once ``seconds`` passed."""
+        actor = current()
+        if actor is None:
+            return
+        actor.wake_at = self.now + seconds
+        actor.state = "sleeping"
+        actor.go.clear()
+        self._back.set()
+        actor.go.wait()
+        if actor.killed:
+            raise Killed("sleep")
+
+    def _main(self, actor: Actor) -> None:
+        _local.actor = actor
+        actor.go.wait()
+        try:
+            if actor.killed:
+                raise Killed("start")
+            actor.result = actor.program(actor)
+        except Killed:
+            actor.killed = True
+        except BaseException as exc:  # the actor failed: what it raised is its outcome
+            actor.error = exc
+        finally:
+            actor.state = "done"
+            actor.keepers.clear()
+            self._back.set()
+
+    # -- in the scheduler's thread ---------------------------------------------------------------
+
+    def spawn(self, actor: Actor) -> Actor:
+        actor.thread = threading.Thread(target=self._main, args=(actor,), name=f"sim-{actor.name}", daemon=True)
+        self.actors.append(actor)
+        actor.thread.start()
+        return actor
+
+    def _resume(self, actor: Actor) -> None:
+        if self.log_steps:
+            self.trace.append(f"{self.now:.0f} {actor.name}: {actor.step or 'start'}")
+        actor.state = "running"
+        self._back.clear()
+        actor.go.set()
+        if not self._back.wait(STUCK_S):
+            raise Stuck(f"actor {actor.name} did not reach a step boundary within {STUCK_S} s after {actor.step}")
+        self.steps += 1
+
+    def kill(self, actor: Actor) -> None:
+        """SIGKILL: the actor unwinds without taking another step."""
+        actor.killed = True
+        actor.keepers.clear()
+        if actor.state in ("ready", "sleeping", "paused", "new"):
+            self.trace.append(f"{self.now:.0f} kill {actor.name} at {actor.step or 'start'}")
+            self._resume(actor)
+
+    def runnable(self) -> list[Actor]:
+        return [a for a in self.actors if a.state in ("new", "ready")]
+
+    def tick(self, dt: float) -> None:
+        """Advance virtual time: wake sleepers and paused actors that are due; keep the leases
+        of actors that are not paused alive (their renewal threads)."""
+        self.now += dt
+        for actor in self.actors:
+            if actor.state == "sleeping" and actor.wake_at <= self.now:
+                actor.state = "ready"
+            elif actor.state == "paused" and actor.wake_at <= self.now:
+                self.trace.append(f"{self.now:.0f} resume {actor.name} at {actor.step}")
+                actor.state = "ready"
+                actor.paused_at = None
+        if self.renew is None:
+            return
+        for actor in self.actors:
+            if actor.state in ("paused", "done") or actor.killed:
+                continue
+            for keeper in list(actor.keepers):
+                lease, ttl, last = keeper
+                if self.now - last >= ttl / 3:
+                    keeper[2] = self.now
+                    try:
+                        self.renew(lease, ttl)
+                    except Exception:  # taken over: this renewal thread stops
+                        actor.keepers.remove(keeper)
+
+    def step(self) -> bool:
+        """Let one ready actor take one step (or kill or pause it there). False when none is ready."""
+        ready = self.runnable()
+        if not ready:
+            return False
+        actor = self.rng.choice(ready)
+        if self.faults and actor.state == "ready":
+            roll = self.rng.random()
+            if roll < self.kill_p:
+                self.kill(actor)
+                return True
+            if roll < self.kill_p + self.pause_p and actor.can_pause:
+                actor.state = "paused"
+                actor.paused_at = self.now
+                actor.wake_at = self.now + self.rng.uniform(*self.pause_s)
+                self.trace.append(f"{self.now:.0f} pause {actor.name} at {actor.step} until {actor.wake_at:.0f}")
+                return True
+        self._resume(actor)
+        return True
+
+    def next_wake(self) -> float | None:
+        waiting = [a.wake_at for a in self.actors if a.state in ("sleeping", "paused")]
+        return min(waiting) if waiting else None
+
+    def drain(self, max_steps: int = 100_000) -> None:
+        """Run every actor to its end, without faults (paused ones resume when due)."""
+        faults, self.faults = self.faults, False
+        try:
+            for _ in range(max_steps):
+                if self.step():
+                    continue
+                wake = self.next_wake()
+                if wake is None:
+                    return
+                self.tick(max(wake - self.now, 0.0))
+            raise Stuck(f"the actors did not finish within {max_steps} steps")
+        finally:
+            self.faults = faults
+
+    def install(self) -> None:
+        boundary.HOOK = self.hook
+
+    def uninstall(self) -> None:
+        boundary.HOOK = None
+
+    def abandon(self) -> None:
+        """End every actor still going (a failed schedule): each is killed at its boundary."""
+        for actor in self.actors:
+            if actor.state != "done":
+                actor.killed = True
+                actor.go.set()
+        for actor in self.actors:
+            if actor.thread is not None:
+                actor.thread.join(timeout=5)

@@ -1,0 +1,210 @@
+"""One simulated world: a pipeline over a landing folder of JSON-lines files (on a RAM disk), the
+real epoch store (a SQLite file copied from a migrated template, or a fresh Postgres database),
+the Delta twin, virtual time, and the raw input every oracle is computed from."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+from collections import Counter
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from sluice.delta.twin import TwinTables
+from sluice.model import Lease
+from sluice.protocol.runtime import Runtime
+from sluice.sim.compute import POISON, TwinCompute, parse
+from sluice.sim.scheduler import Scheduler, current
+from sluice.spec import PipelineSpec
+from sluice.store import EpochStore
+
+PIPELINE = "sim"
+TTL_S = 60.0
+#: Airflow calls a task whose heartbeats stopped this long a zombie (its run is then over).
+ZOMBIE_AFTER_S = 300.0
+
+
+@dataclass(frozen=True)
+class Config:
+    """What one schedule's pipeline and faults look like, drawn from its seed."""
+
+    commit: str
+    epoch_files: int
+    group_epochs: int
+    files: int
+    lines: int
+    malformed_p: float
+    poison: bool
+    chaos_steps: int
+    kill_p: float
+    pause_p: float
+    vanish_p: float
+    store_loss: bool
+
+    @classmethod
+    def draw(cls, rng: random.Random) -> Config:
+        return cls(commit=rng.choice(["group", "group", "epoch"]), epoch_files=rng.choice([1, 2, 3]),
+                   group_epochs=rng.choice([1, 2, 3]), files=rng.randint(0, 4), lines=rng.randint(1, 3),
+                   malformed_p=rng.choice([0.0, 0.3]), poison=rng.random() < 0.03,
+                   chaos_steps=rng.randint(10, 60), kill_p=rng.choice([0.0, 0.04, 0.1]),
+                   pause_p=rng.choice([0.0, 0.02, 0.05]), vanish_p=rng.choice([0.0, 0.0, 0.03]),
+                   store_loss=rng.random() < 0.04)
+
+
+def sim_spec(root: Path, config: Config) -> PipelineSpec:
+    return PipelineSpec.model_validate({
+        "name": PIPELINE, "schedule": "@continuous", "transform": "sim.transform",
+        "source": {"type": "files", "path": str(root / "landing"), "format": "json", "pattern": "*.json",
+                   "schema": {"k": "string", "n": "long"}, "required": ["k", "n"], "unknown_fields": "ignore"},
+        "sinks": [{"name": "counts", "mode": "aggregate", "path": str(root / "tables" / "counts"),
+                   "keys": ["k"], "sums": ["n"]},
+                  {"name": "clean", "mode": "append", "path": str(root / "tables" / "clean")}],
+        "commit": config.commit,
+        "control": {"adaptive": False, "epoch_files": config.epoch_files, "group_epochs": config.group_epochs,
+                    "lease_ttl_s": TTL_S, "max_attempts": 3, "max_crashes": 10},
+        "spark": {"mode": "in_process"},
+    })
+
+
+class World:
+    """The shared state of one schedule; its actors live in ``sched``."""
+
+    def __init__(self, seed: int, root: Path, store_url: str) -> None:
+        self.seed = seed
+        self.rng = random.Random(seed)
+        self.config = Config.draw(self.rng)
+        self.sched = Scheduler(self.rng)
+        self.root = root
+        (root / "landing").mkdir(parents=True)
+        self.url = store_url
+        self.tables = TwinTables()
+        self.spec = sim_spec(root, self.config)
+        self.contents: dict[str, list[str]] = {}  # every file ever landed: its lines (the oracle's input)
+        self.vanished: set[str] = set()
+        self.dag_runs: dict[str, Any] = {}  # owner -> the actor of that DAG run
+        self.runtime = Runtime(self.tables, lambda spec, store, tables: TwinCompute(spec, store),
+                               keeper=self.keeper, alive=self.alive)
+        self.events: list[dict[str, Any]] = []  # the Asset events the DAGs emitted
+        self._files = 0
+        self.sched.renew = self._renew
+        self.sched.kill_p, self.sched.pause_p = self.config.kill_p, self.config.pause_p
+        self.sched.pause_s = (1.3 * TTL_S, 4 * TTL_S)
+
+    # -- the store and the leases ---------------------------------------------------------------------
+
+    def clock(self) -> datetime:
+        return datetime.fromtimestamp(self.sched.now, UTC).replace(tzinfo=None)
+
+    def store(self) -> EpochStore:
+        """The epoch store as a task opens it (a lost and replaced store is a new one)."""
+        return EpochStore(self.url, clock=self.clock)
+
+    def _renew(self, lease: Lease, ttl: float) -> None:
+        self.store().renew_lease(lease, ttl)
+
+    @contextmanager
+    def keeper(self, store: EpochStore, lease: Lease, ttl_s: float) -> Any:
+        """``LeaseKeeper`` of the simulation: renewed by the scheduler as virtual time passes,
+        while the actor is neither paused nor dead (its renewal thread)."""
+        store.renew_lease(lease, ttl_s)
+        actor = current()
+        keeper = [lease, ttl_s, self.sched.now]
+        if actor is not None:
+            actor.keepers.append(keeper)
+        try:
+            yield keeper
+        finally:
+            if actor is not None and keeper in actor.keepers:
+                actor.keepers.remove(keeper)
+
+    def alive(self, owner: str) -> bool:
+        """Airflow's view of the DAG run behind a lease owner: running until its actor ends, or
+        until its paused task has missed heartbeats long enough to be called a zombie."""
+        actor = self.dag_runs.get(owner)
+        if actor is None or actor.finished:
+            return False
+        return not (actor.paused_at is not None and self.sched.now - actor.paused_at > ZOMBIE_AFTER_S)
+
+    # -- the source ----------------------------------------------------------------------------------
+
+    def land(self, files: int = 1) -> None:
+        """New files in the landing folder (written whole, then renamed), dated now."""
+        for _ in range(files):
+            self._files += 1
+            name = f"f{self._files:05d}.json"
+            lines = []
+            for i in range(self.config.lines):
+                roll = self.rng.random()
+                if roll < self.config.malformed_p / 2:
+                    lines.append("{not json")
+                elif roll < self.config.malformed_p:
+                    lines.append(json.dumps({"k": f"k{i}"}))
+                elif self.config.poison and self._files == 3 and i == 0:
+                    lines.append(json.dumps({"k": POISON, "n": 1}))
+                else:
+                    lines.append(json.dumps({"k": self.rng.choice("abcde"), "n": self.rng.randint(1, 9)}))
+            path = self.root / "landing" / name
+            tmp = self.root / "landing" / f".{name}"
+            tmp.write_text("\n".join(lines) + "\n")
+            os.utime(tmp, (self.sched.now, self.sched.now))
+            tmp.replace(path)
+            self.contents[str(path)] = lines
+
+    def vanish(self) -> None:
+        """A landed file is deleted before any epoch read it (it is in no planned range)."""
+        store = self.store()
+        planned_end = store.next_offset(PIPELINE) if store.has_pipeline(PIPELINE) else 0
+        registered = {e.path: e.position for e in store.manifest(PIPELINE)} if store.has_pipeline(PIPELINE) else {}
+        pending = [p for p in self.contents if p not in self.vanished and registered.get(p, planned_end) >= planned_end
+                   and os.path.exists(p)]
+        if pending:
+            path = self.rng.choice(sorted(pending))
+            os.unlink(path)
+            self.vanished.add(path)
+
+    def lose_store(self, template: Path) -> None:
+        """The epoch store is lost: an empty one replaces it (a rebuild must follow)."""
+        path = Path(self.url.removeprefix("sqlite:///"))
+        tmp = path.with_name(".lost")
+        shutil.copy(template, tmp)
+        os.replace(tmp, path)
+        for suffix in ("-wal", "-shm"):
+            Path(str(path) + suffix).unlink(missing_ok=True)
+
+    # -- the oracle ----------------------------------------------------------------------------------
+
+    def oracle(self, store: EpochStore) -> dict[str, Counter[Any]]:
+        """What every table must hold: computed from the raw lines of the published epochs'
+        files (less those skipped on purpose), never from sluice's own reading."""
+        counts: Counter[Any] = Counter()
+        clean: Counter[Any] = Counter()
+        rejected: Counter[Any] = Counter()
+        manifest = store.manifest(PIPELINE)
+        for epoch in store.epochs(PIPELINE):
+            if epoch.state != "published":
+                continue
+            for entry in manifest[epoch.start:epoch.end]:
+                if entry.skipped is not None:
+                    continue
+                for n, text in enumerate([t for t in self.contents.get(entry.path, []) if t.strip()], start=1):
+                    record, _ = parse(text)
+                    if record is None:
+                        rejected[(entry.path, n)] += 1
+                    else:
+                        counts[record["k"]] += record["n"]
+                        clean[(entry.path, n)] += 1
+        return {"counts": counts, "clean": clean, "_rejected": rejected}
+
+    def held(self) -> dict[str, Counter[Any]]:
+        """What the tables hold now (the twin's rows, as a reader sees them)."""
+        counts: Counter[Any] = Counter()
+        for row in self.tables.rows(self.spec.sinks[0].path):
+            counts[row["k"]] += row["n"]
+        clean = Counter((r["file"], r["line"]) for r in self.tables.rows(self.spec.sinks[1].path))
+        rejected = Counter((r["file"], r["line"]) for r in self.tables.rows(self.spec.rejected_table))
+        return {"counts": +counts, "clean": clean, "_rejected": rejected}
