@@ -28,7 +28,7 @@ export PYSPARK_PYTHON := $(PY)
 export PATH := $(VENV)/bin:$(PATH)
 export PYTHONPATH := $(CURDIR)/plugins:$(CURDIR)
 
-.PHONY: help setup venv jars demo demo-kafka test test-full test-all system-packages lint kafka spark-cluster airflow generate store-rebuild bench-control bench-control-e2e \
+.PHONY: help setup venv jars kafka-jars demo demo-kafka test test-full test-all sim system-packages lint kafka spark-cluster airflow generate store-rebuild bench-control bench-control-e2e \
 	bench bench-quick bench-sched bench-large-file compose-env clean backfill rollback preview-rollback recover skip-file cli
 
 help:
@@ -36,6 +36,7 @@ help:
 	@echo "make demo-kafka  the same over a Kafka topic (the ysb_kafka pipeline; starts a broker if none runs)"
 	@echo "make test      set up, then lint and run the test suite (SQLite; the everyday loop)"
 	@echo "make test-full the same plus the runs on a real Postgres server (installs it; what CI runs)"
+	@echo "make sim       the deterministic simulation of the protocol (SCHEDULES=10000 SEED=<n>)"
 	@echo "make airflow   start Airflow (standalone) on http://127.0.0.1:8080 with sluice's DAGs (HOST=, PORT=)"
 	@echo "make backfill DAG=<dag> FROM=<date> TO=<date>  an Airflow backfill, one run at a time"
 	@echo "make rollback PIPELINE=<name> TO_EPOCH=<n> REASON=<why> [RECOMPUTE=false]  trigger sluice_rollback"
@@ -69,12 +70,23 @@ $(STAMP): requirements.txt
 	@$(PY) -m pip install --progress-bar on -r requirements.txt
 	@touch $(STAMP)
 
-jars: $(JARS)
-$(JARS): | $(STAMP)
+# One stamp for the six jars one command fetches: `make -j2` runs that command once, not six times.
+JARS_STAMP := var/jars/.fetched
+jars: $(JARS_STAMP)
+$(JARS_STAMP): | $(STAMP)
 	@echo "==> fetching the Delta and Kafka-connector jars once into var/jars (Maven Central, via Spark's Ivy)"
 	@$(PY) -m sluice.spark
+	@touch $@
 
-$(JSA): $(JARS) $(STAMP)
+# The Kafka broker's jars (Maven), fetched in set-up: two test workers must not race to fetch them.
+KAFKA_STAMP := var/jars/kafka-broker/.fetched
+kafka-jars: $(KAFKA_STAMP)
+$(KAFKA_STAMP): | $(STAMP)
+	@echo "==> fetching the Kafka broker's jars once into var/jars/kafka-broker (Maven Central)"
+	@$(PY) -c "from include.kafka.broker import fetch_jars; fetch_jars()"
+	@touch $@
+
+$(JSA): $(JARS_STAMP) $(STAMP)
 	@echo "==> building the run-once drivers' class-data archive (a training run, ~40 s)"
 	@$(PY) -m sluice.jvm_archive
 
@@ -86,22 +98,39 @@ demo: setup
 demo-kafka: setup
 	@$(PY) include/demo.py --kafka $(KAFKA)
 
+# Two test workers (pytest-xdist), a test file each at a time: a module's servers start once.
+WORKERS ?= 2
+XDIST := -n $(WORKERS) --dist loadfile
+# Where the durations and the JUnit XML of the last run are kept (docs/testing.md reads them).
+CI_DIR := var/ci
+REPORT = --junitxml=$(CI_DIR)/junit.xml --durations=0
+
 # The everyday loop: everything but the runs on real servers (Postgres, Kafka), the browser, the
-# fresh install and further variants (marker variant): 33 min measured before the last two left it.
+# fresh install, the crash points the simulation covers (marker spark_crash) and further variants.
 test: setup lint
 	@echo "==> running the test suite (without the Postgres and Kafka runs: make test-full)"
-	@$(PY) -m pytest tests -m "not postgres and not kafka and not browser and not package and not variant"
+	@mkdir -p $(CI_DIR)
+	@$(PY) -m pytest tests $(XDIST) $(REPORT) \
+		-m "not postgres and not kafka and not browser and not package and not variant and not spark_crash"
 
 # What CI runs: every test but further variants, with the epoch store and Airflow on a real
-# Postgres server too and the Kafka source on a real broker (its jars from Maven Central, once).
-# 82 min measured with the variants, above CI's comfort under its 90-minute limit.
-test-full: setup system-packages lint
+# Postgres server too and the Kafka source on a real broker (its jars fetched in set-up).
+test-full: setup kafka-jars system-packages lint
 	@echo "==> running the whole test suite (without further variants: make test-all)"
-	@$(PY) -m pytest tests -m "not variant"
+	@mkdir -p $(CI_DIR)
+	@$(PY) -m pytest tests $(XDIST) $(REPORT) -m "not variant"
+	@$(PY) -m tests.durations $(CI_DIR)/junit.xml --slowest 20
 
-# Everything, the further variants of tests (marker variant) included: about 90 min on 2 cores.
-test-all: setup system-packages lint
-	@$(PY) -m pytest tests
+# Everything, the further variants of tests (marker variant) included.
+test-all: setup kafka-jars system-packages lint
+	@mkdir -p $(CI_DIR)
+	@$(PY) -m pytest tests $(XDIST) $(REPORT)
+
+# The deterministic simulation of the protocol (sluice.sim): SCHEDULES random schedules from
+# SEED (default: a new one, printed), on every core; one JSON line at the end; fails on a violation.
+SCHEDULES ?= 10000
+sim: venv
+	@$(PY) -m sluice.sim --schedules $(SCHEDULES) $(if $(filter command line environment,$(origin SEED)),--seed $(SEED))
 
 system-packages:
 	@bash include/system-packages.sh

@@ -186,13 +186,16 @@ def foreach_batch_writer(spark: Any, spec: Any, batches: list[int]) -> Any:
     """The Structured Streaming baselines' ``foreachBatch``: sluice's own reject split,
     transform and Delta writes (MERGE with ``txnAppId``/``txnVersion = batchId``), so the
     systems compared differ only in bookkeeping and epoch boundaries. Appends each batch id."""
-    from sluice.runner import load_reference, load_transform, split_rejected
-    from sluice.sinks.delta import DeltaSink, EpochRange, rejected_sink
+    from sluice.compute import load_reference, load_transform, rejected_sink, split_rejected
+    from sluice.delta.spark import SparkTables
+    from sluice.model import EpochRange
+    from sluice.protocol.tables import PipelineTable
 
     transform = load_transform(spec.transform)
     refs: dict[str, Any] = {}
-    sink = DeltaSink(spec.name, spec.sinks[0])
-    rejected = rejected_sink(spec.name, spec.rejected_table)
+    tables = SparkTables(spark)
+    sink = PipelineTable(spec.name, spec.sinks[0])
+    rejected = PipelineTable(spec.name, rejected_sink(spec))
 
     def write_batch(batch: Any, batch_id: int) -> None:
         if not refs:
@@ -202,8 +205,8 @@ def foreach_batch_writer(spark: Any, spec: Any, batches: list[int]) -> Any:
             valid, bad = split_rejected(records, spec, 0, batch_id)
             output = transform(valid, refs)
             kw = {"epochs": [EpochRange(batch_id, batch_id, batch_id + 1)], "generation": 0, "token": 1}
-            rejected.write(spark, bad, skip_empty=True, **kw)
-            sink.write(spark, output, **kw)
+            rejected.write(tables, bad, skip_empty=True, **kw)
+            sink.write(tables, output, **kw)
         finally:
             records.unpersist()
         batches.append(batch_id)

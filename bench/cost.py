@@ -88,8 +88,10 @@ from pathlib import Path
 sys.path[:0] = [sys.argv[1] + "/plugins", sys.argv[1]]
 from sluice.spec import load_spec
 from sluice.spark import get_session
-from sluice.runner import load_reference, load_transform, split_rejected
-from sluice.sinks.delta import DeltaSink, EpochRange, rejected_sink
+from sluice.compute import load_reference, load_transform, rejected_sink, split_rejected
+from sluice.delta.spark import SparkTables
+from sluice.model import EpochRange
+from sluice.protocol.tables import PipelineTable
 from sluice.sources import FileSource
 spec = load_spec(sys.argv[2]); trigger_s = int(sys.argv[3]); done_flag = Path(sys.argv[4])
 # A long-lived driver: the JVM's default JIT (C2), not sluice's run-once options.
@@ -97,15 +99,16 @@ spark = get_session("always-on", master=f"local[{sys.argv[5]}]",
                     extra_conf={"spark.driver.extraJavaOptions": "-XX:+TieredCompilation"})
 spark.sparkContext.setLogLevel("WARN")
 refs = load_reference(spark, spec); transform = load_transform(spec.transform)
-sink = DeltaSink(spec.name, spec.sinks[0]); rejected = rejected_sink(spec.name, spec.rejected_table)
+tables = SparkTables(spark)
+sink = PipelineTable(spec.name, spec.sinks[0]); rejected = PipelineTable(spec.name, rejected_sink(spec))
 def write_batch(batch, batch_id):
     records = batch.persist()
     try:
         valid, bad = split_rejected(records, spec, 0, batch_id)
         files = [r["_file"] for r in records.select("_file").distinct().collect()]
         kw = {"epochs": [EpochRange(batch_id, batch_id, batch_id + 1)], "generation": 0, "token": 1}
-        rejected.write(spark, bad, skip_empty=True, **kw)
-        sink.write(spark, transform(valid, refs), **kw)
+        rejected.write(tables, bad, skip_empty=True, **kw)
+        sink.write(tables, transform(valid, refs), **kw)
     finally:
         records.unpersist()
     now = time.time()

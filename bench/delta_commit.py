@@ -30,7 +30,7 @@ ROWS = 1_000
 def measure(work: Path, reps: int) -> dict[str, Any]:
     from delta.tables import DeltaTable
 
-    from sluice.sinks.delta import _snapshot
+    from sluice.delta.spark import SparkTables
 
     spark = session("sluice-bench-delta-commit")
     frame = spark.range(ROWS).selectExpr("id", "cast(id as string) AS s")
@@ -48,8 +48,8 @@ def measure(work: Path, reps: int) -> dict[str, Any]:
     def create_empty(path: str) -> None:
         DeltaTable.createIfNotExists(spark).location(path).addColumns(frame.schema).execute()
 
-    def transactions(path: str) -> None:  # what DeltaSink.prepare does ahead of a commit
-        _snapshot(spark, path).transactions()
+    def transactions(path: str) -> None:  # what SparkTables.warm does ahead of a commit
+        SparkTables(spark).warm(path)
 
     steps: dict[str, list[float]] = {}
 

@@ -49,7 +49,6 @@ import json, os, sys, time, resource
 t0 = time.perf_counter()
 sys.path[:0] = [sys.argv[1] + "/plugins", sys.argv[1]]
 from sluice.spark import get_session
-from sluice.protocol.run import run_once
 t_import = time.perf_counter()
 spark = get_session("sluice-cold-start", master="local[2]")
 t_session = time.perf_counter()
@@ -83,6 +82,7 @@ def cold_start(work: Path, reps: int) -> dict[str, Any]:
 
 def epoch_fixed_cost(work: Path, epochs: int) -> dict[str, Any]:
     """Per-epoch seconds when an epoch holds next to nothing (one file of 20 records)."""
+    from sluice.protocol.run import run_once
     from sluice.store import EpochStore
 
     spark = session("sluice-bench-overhead")
@@ -116,6 +116,7 @@ def marginal_epoch_cost(work: Path, spark: Any, tag: str, validate: bool, epochs
                         reps: int = 3) -> dict[str, Any]:
     """What one more tiny epoch adds to a group: (wall of a group of ``epochs`` tiny epochs -
     wall of a group of one) / (epochs - 1), warm session, paired per repetition."""
+    from sluice.protocol.run import run_once
     from sluice.store import EpochStore
 
     marginal = []

@@ -1,5 +1,4 @@
 """Scheduling inside a group: concurrent epochs (A-scheduler) and skew-aware partitioning (Prompt).
-from sluice.protocol.run import run_once
 
     python -m bench.sched [--quick]
 
@@ -38,6 +37,7 @@ def oracle_views(paths: list[Path]) -> int:
 
 def run_group(spark: Any, work: Path, landing: Path, files: int, level: int | str, tag: str) -> tuple[float, Any]:
     """One group of ``files`` one-file epochs at a concurrency level; returns seconds and spec."""
+    from sluice.protocol.run import run_once
     from sluice.store import EpochStore
 
     root = work / "runs" / tag
@@ -95,6 +95,7 @@ def concurrency(spark: Any, work: Path, files: int, per_file: int, reps: int) ->
 def auto_tuning(spark: Any, work: Path, groups: int, files: int, per_file: int) -> list[dict[str, Any]]:
     """Successive groups of one pipeline with ``concurrent_epochs: auto``: the level the
     controller picks for each, and the throughput it saw."""
+    from sluice.protocol.run import run_once
     from sluice.store import EpochStore
 
     root = work / "auto"

@@ -1,10 +1,9 @@
 """YSB throughput: a sluice group against Structured Streaming ``availableNow`` and against one
 plain Spark batch job, over the same files, in the same SparkSession, in the same run.
-from sluice.protocol.run import run_once
 
     python -m bench.ysb [--quick] [--files 16] [--events-per-file 40000] [--reps 3]
 
-(a) **sluice**: ``execution.run_once`` plans one group of all files at ``n`` files per epoch
+(a) **sluice**: ``PipelineRun.run_once`` plans one group of all files at ``n`` files per epoch
     (epoch log, manifest, lease), then runs it (one scan, one Delta commit per table for the
     whole group: ``commit: group``), publishes and writes epoch records.
 (b) **Structured Streaming**: ``readStream`` of the same folder, ``maxFilesPerTrigger = n``,
@@ -73,6 +72,7 @@ class Bench:
 
     # (a) ---------------------------------------------------------------------------------------
     def sluice(self, n: int) -> tuple[float, Any]:
+        from sluice.protocol.run import run_once
         from sluice.store import EpochStore
 
         spec, root = self._spec("sluice", n)
@@ -112,7 +112,7 @@ class Bench:
     def batch(self) -> tuple[float, Any]:
         from pyspark.sql import functions as F
 
-        from sluice.runner import load_reference, load_transform, split_rejected
+        from sluice.compute import load_reference, load_transform, split_rejected
         from sluice.sources import FileSource
 
         spec, _ = self._spec("batch", self.files)

@@ -1,6 +1,5 @@
 """YSB over Kafka: a sluice group against Structured Streaming ``availableNow`` on the same topic,
 with the same offsets per batch, in the same SparkSession, in the same run.
-from sluice.protocol.run import run_once
 
     python -m bench.ysb_kafka [--quick] [--records 320000] [--reps 2] [--sizes 16000,64000,160000]
 
@@ -9,7 +8,7 @@ A real broker (``include/kafka/broker.py``, one KRaft node on a free port, data 
 malformed), spread round-robin over 4 partitions, so every partition holds the same number of
 records. For each epoch size of ``R`` records:
 
-(a) **sluice**: ``execution.run_once`` (the shipped ``ysb_kafka`` pipeline, in-process, fixed
+(a) **sluice**: ``PipelineRun.run_once`` (the shipped ``ysb_kafka`` pipeline, in-process, fixed
     sizes, no GX suite) discovers the topic (chunks of ``source.chunk_records`` = 1,000 records
     of a partition, the shipped value), plans one group of the whole topic at ``R / 1000``
     chunks per epoch (``control.epoch_max_records = R``), reads it in one scan (exact
@@ -17,7 +16,7 @@ records. For each epoch size of ``R`` records:
     publishes and writes epoch records.
 (b) **Structured Streaming**: ``readStream.format("kafka")`` of the topic, ``startingOffsets =
     earliest``, ``maxOffsetsPerTrigger = R``, ``trigger(availableNow=True)``, ``foreachBatch``
-    writing the same tables with the same ``DeltaSink`` / ``rejected_sink`` code
+    writing the same tables with the same ``PipelineTable`` code
     (``txnAppId``/``txnVersion = batchId`` MERGE), its checkpoint on the same disk.
 
 Same offsets: Spark prorates ``maxOffsetsPerTrigger`` over the partitions by their remaining
@@ -90,7 +89,7 @@ def ysb_kafka_spec_yaml(name: str, bootstrap: str, table: Path, *, records_per_e
 
 
 class PhaseTimer:
-    """Wall time spent in the functions ``execution.run_once`` calls (patched while a sluice run
+    """Wall time spent in the functions ``PipelineRun.run_once`` calls (patched while a sluice run
     lasts): where a group's time goes."""
 
     def __init__(self) -> None:
@@ -98,14 +97,16 @@ class PhaseTimer:
 
     @contextmanager
     def patched(self) -> Any:
-        from sluice import execution
-        from sluice.runner import GroupRunner
+        from sluice.compute import SparkCompute
+        from sluice.protocol.group import GroupJob
+        from sluice.protocol.run import PipelineRun
         from sluice.sources.kafka import KafkaSource
 
-        targets = [(execution, "plan", "plan"), (execution, "run", "run"), (execution, "validate", "validate"),
-                   (execution, "checkpoint", "publish"), (KafkaSource, "discover", "plan.discover"),
+        targets = [(PipelineRun, "plan", "plan"), (PipelineRun, "process", "run"),
+                   (PipelineRun, "validate", "validate"), (PipelineRun, "publish", "publish"),
+                   (KafkaSource, "discover", "plan.discover"),
                    (KafkaSource, "check_retained", "run.check_retained"),
-                   (GroupRunner, "prepare_group", "run.read_transform"), (GroupRunner, "commit_group", "run.commit"),
+                   (SparkCompute, "prepare_group", "run.read_transform"), (GroupJob, "commit_group", "run.commit"),
                    (KafkaSource, "backlog", "publish.backlog")]
         saved = [(owner, attr, getattr(owner, attr)) for owner, attr, _ in targets]
         for owner, attr, label in targets:
@@ -166,6 +167,7 @@ class Bench:
 
     # (a) ---------------------------------------------------------------------------------------
     def sluice(self, r: int) -> tuple[float, Any]:
+        from sluice.protocol.run import run_once
         from sluice.sources.kafka import KafkaSource
         from sluice.store import EpochStore
 
@@ -365,11 +367,11 @@ def summarize(bench: Bench, times: dict[tuple[str, int], list[float]], sizes: tu
             "broker": "one KRaft node (include/kafka/broker.py), same machine", "bootstrap": bootstrap,
             "malformed_fraction": 0.001, "oracle_rejected": len(bench.oracle_rejected), "validation": False,
             "produce_s": round(bench.produce_s, 1), "oracle_s": round(bench.oracle_s, 1),
-            "sluice": "execution.run_once: one group of the whole topic, epoch_files = R / chunk_records, "
+            "sluice": "PipelineRun.run_once: one group of the whole topic, epoch_files = R / chunk_records, "
                       "epoch_max_records = R, commit: group, in_process, adaptive off; timed from discovery "
                       "to published",
             "ss": "readStream kafka, subscribe, startingOffsets earliest, maxOffsetsPerTrigger = R, "
-                  "trigger availableNow, foreachBatch with sluice's DeltaSink/rejected_sink MERGE (txn ids)",
+                  "trigger availableNow, foreachBatch with sluice's PipelineTable MERGE (txn ids)",
             "offsets_recorded": "sluice: KafkaSource.describe of each epoch's manifest entries; SS: each "
                                 "micro-batch's progress startOffset/endOffset; compared batch by batch",
             "same_work": "same topic and offsets, KafkaSource.parse_lines on the same numbered lines, reject "

@@ -106,10 +106,10 @@ class Compute(ABC):
         """Whether the failure means the engine itself is gone (the driver died)."""
         return False
 
-    def set_partitions(self, n: int) -> None:
+    def set_partitions(self, n: int) -> None:  # noqa: B027  (a data plane without partitions ignores it)
         """The controllers' shuffle partition count for this group (DyBBS)."""
 
-    def read_memory(self, timings: dict[str, float]) -> None:
+    def read_memory(self, timings: dict[str, float]) -> None:  # noqa: B027  (nothing measured by default)
         """Add what the group held in memory since it started to its timings."""
 
 

@@ -357,6 +357,7 @@ def get_session(app_name: str = "sluice", master: str | None = None,
     conf.setdefault("spark.jars", ",".join(spark_jars()))
     for key, value in conf.items():
         builder = builder.config(key, value)
+    log.info("starting Spark application %s", app_name)
     spark = builder.getOrCreate()
     context = spark.sparkContext
     # Executors elsewhere need the code; spark-submit (a DAG's run_group) shipped it already.

@@ -342,8 +342,8 @@ class PipelineSpec(_Strict):
         which would undo another pipeline's rows too. In the documented layout the sinks' folder
         is named after the pipeline and the table keeps its plain name; elsewhere (sinks of
         several pipelines in one folder) the pipeline's name is added to it."""
-        folder = Path(self.sinks[0].path).parent
-        return str(folder / (name if folder.name == self.name else f"{name}_{self.name}"))
+        folder = self.sinks[0].path.rstrip("/").rsplit("/", 1)[0]  # as text: s3a://bucket/... keeps its //
+        return f"{folder}/{name if folder.rsplit('/', 1)[-1] == self.name else f'{name}_{self.name}'}"
 
     def table_writers(self) -> dict[str, list[str]]:
         """Every Delta table the pipeline writes, with the epoch-log keys of its writers."""

@@ -12,7 +12,9 @@ processes and spark-submit JVMs run in process groups of their own).
 
 from __future__ import annotations
 
+import fcntl
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -80,6 +82,33 @@ def airflow_command() -> str:
     return str(Path(sys.executable).parent / "airflow")
 
 
+def migrated_db(dest: Path) -> Path:
+    """Copy a migrated SQLite metadata DB to ``dest`` (when it is not there yet): migrating
+    costs seconds a server start need not pay. The template is made once per Airflow version
+    under ``var/test-cache/`` (a file lock makes the two test workers wait for one migration)."""
+    from airflow import __version__
+
+    if dest.exists():
+        return dest
+    cache = Path(__file__).resolve().parents[2] / "var" / "test-cache"
+    cache.mkdir(parents=True, exist_ok=True)
+    template = cache / f"airflow-{__version__}.db"
+    with (cache / "airflow.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not template.exists():
+            partial = template.with_suffix(".partial")
+            partial.unlink(missing_ok=True)
+            home = cache / "migrate-home"
+            env = {**server_env(home, 0), "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{partial}"}
+            done = subprocess.run([airflow_command(), "db", "migrate"], env=env, capture_output=True, text=True)
+            if done.returncode:
+                raise RuntimeError(f"airflow db migrate failed:\n{done.stdout[-3000:]}{done.stderr[-3000:]}")
+            partial.rename(template)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(template, dest)
+    return dest
+
+
 def start(home: Path, command: tuple[str, ...] = ("standalone",), extra_env: dict[str, str] | None = None,
           base_env: dict[str, str] | None = None, airflow: str | None = None) -> Server:
     """Start ``airflow standalone`` (or another ``airflow`` command, with ``extra_env``) in a
@@ -88,6 +117,8 @@ def start(home: Path, command: tuple[str, ...] = ("standalone",), extra_env: dic
     home.mkdir(parents=True, exist_ok=True)
     port = free_port()
     env = {**server_env(home, port, base_env), **(extra_env or {})}
+    if env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"] == f"sqlite:///{home / 'airflow.db'}" and airflow is None:
+        migrated_db(home / "airflow.db")
     marker = uuid.uuid4().hex
     env[MARKER] = marker
     log_path = home / "standalone.out"

@@ -232,8 +232,8 @@ def test_pipelines_run_under_airflow_standalone(pipelines, server, spark):
             print(f"[real-airflow] cron group published after {time.monotonic() - started:.0f} s")
 
         # 3. Data lands: the trigger fires, the run plans, spark-submits and publishes one group.
-        time.sleep(5)  # (without the cron part) let the trigger poll the empty folder: poll_interval_s 2
-        assert standalone.task_states(client, CONTINUOUS, run1)["wait_for_backlog"] == "deferred"
+        # The sensor defers to the triggerer on an empty folder (an event, not a fixed sleep).
+        standalone.wait_for_task_state(server, client, CONTINUOUS, run1, "wait_for_backlog", {"deferred"}, 240)
         land_atomically(continuous, files=4, seed=1, prefix="a")
         states = standalone.wait_for_run_state(server, client, CONTINUOUS, run1, timeout=240)
         assert all(states[t] == "success" for t in GROUP_TASKS), states

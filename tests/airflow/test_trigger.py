@@ -14,14 +14,40 @@ from sluice.protocol.planning import halt_reason, plan_group
 from sluice.store import EpochStore
 from tests.pipelines import land, landed, make_pipeline
 
+#: Only a guard against a hang: every wait below ends on an event (a trigger event, a poll).
+GUARD_S = 120.0
 
-def first_event(trigger: BacklogTrigger, timeout: float = 10.0) -> dict:
+
+def first_event(trigger: BacklogTrigger, timeout: float = GUARD_S) -> dict:
     async def take() -> dict:
         async for event in trigger.run():
             return event.payload
         raise AssertionError("trigger ended without an event")
 
     return asyncio.run(asyncio.wait_for(take(), timeout))
+
+
+def count_polls(monkeypatch) -> list[object]:
+    """Record what each of the trigger's polls (``check_backlog``) returned."""
+    from sluice.airflow import triggers
+
+    polls: list[object] = []
+    check = triggers.check_backlog
+
+    def counted(*args, **kwargs):
+        result = check(*args, **kwargs)
+        polls.append(result)
+        return result
+
+    monkeypatch.setattr(triggers, "check_backlog", counted)
+    return polls
+
+
+async def until(predicate, what: str) -> None:
+    deadline = time.monotonic() + GUARD_S
+    while not predicate():
+        assert time.monotonic() < deadline, f"no {what} within {GUARD_S:.0f} s"
+        await asyncio.sleep(0.05)
 
 
 def test_serialize_round_trips_through_its_class_path():
@@ -33,13 +59,14 @@ def test_serialize_round_trips_through_its_class_path():
     assert path.startswith("sluice."), "the triggerer imports it from the plugins folder"
 
 
-def test_fires_once_files_land():
+def test_fires_once_files_land(monkeypatch):
     spec = make_pipeline("trigger_fires", **{"control.epoch_files": 1, "control.group_epochs": 2})
     trigger = BacklogTrigger(spec.name, poll_interval=0.2)
+    polls = count_polls(monkeypatch)
 
     async def land_later() -> dict:
         async def writer() -> None:
-            await asyncio.sleep(1.5)
+            await until(lambda: len(polls) >= 2, "two polls of the empty folder")
             land(spec, files=2)
 
         task = asyncio.create_task(writer())
@@ -48,11 +75,11 @@ def test_fires_once_files_land():
             return event.payload
         raise AssertionError("no event")
 
-    payload = asyncio.run(asyncio.wait_for(land_later(), 15))
+    payload = asyncio.run(asyncio.wait_for(land_later(), GUARD_S))
     assert payload["status"] == "ready" and payload["backlog"]["files"] == 2
     assert payload["plan"]["reason"].startswith("efficient group"), payload
     assert (payload["plan"]["epoch_size"], payload["plan"]["k"]) == (1, 2)
-    assert payload["polls"] >= 2, "it must have polled an empty folder first"
+    assert payload["polls"] >= 3 and polls[:2] == [None, None], "it must have polled an empty folder first"
 
 
 def test_missing_landing_folder_is_an_error_event_naming_folder_and_pipeline():
@@ -124,10 +151,22 @@ def test_a_waiting_run_gives_way_to_a_queued_run_of_its_dag(monkeypatch):
     payload = first_event(BacklogTrigger(spec.name, poll_interval=0.2, dag_id=spec.name))
     assert payload["status"] == "give_way" and payload["queued"] == 1 and payload["waited_s"] >= 0.5
     assert set(asked) == {spec.name}
-    no_dag = BacklogTrigger(spec.name, poll_interval=0.2)  # a cron run's trigger: never gives way
-    try:
-        first_event(no_dag, timeout=2.0)
-    except TimeoutError:
-        pass
-    else:
-        raise AssertionError("a trigger without a dag_id must not give way")
+    no_dag = BacklogTrigger(spec.name, poll_interval=0.1)  # a cron run's trigger: never gives way
+    polls = count_polls(monkeypatch)
+    started = time.monotonic()
+
+    async def quiet() -> list:
+        events = []
+
+        async def take() -> None:
+            async for event in no_dag.run():
+                events.append(event.payload)
+
+        task = asyncio.create_task(take())
+        # Past the give-way delay by several polls, counted (not a fixed sleep).
+        await until(lambda: len(polls) >= 5 and time.monotonic() - started > 2 * triggers.GIVE_WAY_AFTER_S,
+                    "five polls past the give-way delay")
+        task.cancel()
+        return events
+
+    assert asyncio.run(quiet()) == [], "a trigger without a dag_id must not give way"

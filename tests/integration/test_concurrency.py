@@ -41,8 +41,9 @@ def delta_commits(path: str) -> list[dict]:
     for log_file in sorted((Path(path) / "_delta_log").glob("*.json")):
         for line in log_file.read_text().splitlines():
             info = json.loads(line).get("commitInfo")
-            if info and info.get("userMetadata"):
-                commits.append({"version": int(log_file.stem), **json.loads(info["userMetadata"])})
+            meta = json.loads(info["userMetadata"]) if info and info.get("userMetadata") else {}
+            if meta.get("epochs"):  # not the table's creation, nor a fence
+                commits.append({"version": int(log_file.stem), **meta})
     return commits
 
 

@@ -15,7 +15,6 @@ import yaml
 
 from include.generators.ysb import raw_events
 from sluice.errors import SluiceError
-from sluice.protocol.run import cli_owner
 from sluice.protocol import operations
 from sluice.protocol.leases import acquire_lease
 from sluice.protocol.run import PipelineRun, cli_owner, run_once

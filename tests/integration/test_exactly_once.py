@@ -87,10 +87,10 @@ def assert_crashed_at(point: str, spark, spec, store) -> None:
     rejected = app_txn(spark, spec, spec.rejected_table, "_rejected")
     if point == "after_plan":
         assert epochs and all(e.state in protocol.UNFINISHED for e in epochs.values())
-        assert main is None, "nothing may be written after planning only"
+        assert main in (None, -1), "nothing may be written after planning only (a fence at most)"
     elif point == "mid_write":
         assert epochs[0].state in protocol.UNFINISHED and epochs[1].state in protocol.UNFINISHED
-        assert rejected == 1 and main is None, "the group's rejected table written, its aggregate table not yet"
+        assert rejected == 1 and main in (None, -1), "the group's rejected table written, its aggregate table not yet"
     elif point == "after_delta_commit":
         assert epochs[1].state in protocol.UNFINISHED and main == 1, "epochs 0..1 in Delta, not in the log"
     else:  # before_publish
@@ -117,7 +117,9 @@ def kill_at(spec, point: str, at: int | None = 1) -> None:
     assert proc.returncode == -signal.SIGKILL, f"the job was not killed at {point}: rc={proc.returncode}\n{err[-3000:]}"
 
 
-@pytest.mark.parametrize("point", ["after_plan", "mid_write", "after_delta_commit", "before_publish"])
+@pytest.mark.postgres_variant
+@pytest.mark.parametrize("point", [pytest.param("after_plan", marks=pytest.mark.spark_crash), "mid_write",
+                                   "after_delta_commit", pytest.param("before_publish", marks=pytest.mark.spark_crash)])
 def test_sigkill_then_rerun_is_exactly_once(point, spark, store):
     spec = make_pipeline(f"kill_{point}", **{"control.epoch_files": 2, "control.group_epochs": 2})
     land(spec, files=6, malformed_fraction=0.03, late_fraction=0.05, late_max_s=25)
@@ -133,6 +135,8 @@ def test_sigkill_then_rerun_is_exactly_once(point, spark, store):
     assert_records_complete(spec, store)
 
 
+@pytest.mark.postgres_variant
+@pytest.mark.spark_crash
 def test_sigkill_between_the_restores_of_a_rerun(spark, store):
     """A group commit in both tables but not in the log; the rerun that restores them is killed
     after the first RESTORE; the next rerun still lands everything once."""
@@ -147,6 +151,8 @@ def test_sigkill_between_the_restores_of_a_rerun(spark, store):
     assert_records_complete(spec, store)
 
 
+@pytest.mark.postgres_variant
+@pytest.mark.spark_crash
 @pytest.mark.parametrize("point", ["after_plan", "mid_write", "after_delta_commit"])
 def test_injected_exception_then_rerun_is_exactly_once_per_epoch_commits(point, spark, store, monkeypatch):
     spec = make_pipeline(f"raise_{point}", **{"control.epoch_files": 2, "control.group_epochs": 2,
@@ -221,7 +227,8 @@ def test_a_zombie_stopped_in_its_group_commit_is_refused_after_a_take_over(spark
         run_once(spec, store, spark, owner="new-owner", drain=True)
         assert_matches_oracle(spark, spec, store)
         lease = acquire_lease(store, spec.name, "new-owner")
-        report = operations.rollback(spec, store, Runtime.spark(spark), lease, to_epoch=0, reason="zombie test", recompute=True)
+        report = operations.rollback(spec, store, Runtime.spark(spark), lease, to_epoch=0, reason="zombie test",
+                                     recompute=True)
         PipelineRun(spec, store, "new-owner", Runtime.spark(spark)).process(report["group_id"])
         PipelineRun(spec, store, "new-owner").validate()
         PipelineRun(spec, store, "new-owner", Runtime.spark(spark)).publish()
@@ -247,15 +254,14 @@ def test_two_concurrent_runs_one_fails_fast(spark, store):
         assert first.poll() is None, first.stderr()[-3000:]
         assert time.monotonic() < deadline, "the first run never took the lease"
         time.sleep(0.1)
-    started = time.monotonic()
     second = GroupJob(spec.name, "--plan", "--drain")
     _, err2 = second.communicate(timeout=120)
-    second_s = time.monotonic() - started
     out1, err1 = first.communicate(timeout=300)
     assert first.returncode == 0, err1[-3000:]
     assert second.returncode == 2, f"second run should fail fast, rc={second.returncode}\n{err2[-3000:]}"
     assert "PipelineBusyError" in err2 and f"pipeline '{spec.name}' is busy" in err2
-    assert second_s < 15, f"the second run took {second_s:.1f}s to fail; it must not start Spark first"
+    assert "starting Spark application" in err1, "the first run logs its Spark start (the check below can fail)"
+    assert "starting Spark application" not in err2, "the second run must fail before it starts Spark"
     assert len(json.loads(out1.strip().splitlines()[-1])) >= 1
     with pytest.raises(PipelineBusyError):  # and in-process, while a lease is held
         other = acquire_lease(store, spec.name, "holder")

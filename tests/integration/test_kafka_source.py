@@ -12,7 +12,6 @@ from confluent_kafka.admin import AdminClient, NewPartitions
 
 from include.generators.ysb import classify, consume, produce, window_counts
 from sluice import protocol
-from sluice.protocol.run import cli_owner
 from sluice.errors import SourceError
 from sluice.protocol import operations
 from sluice.protocol.leases import acquire_lease

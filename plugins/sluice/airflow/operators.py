@@ -240,7 +240,7 @@ class RunGroupOperator(_PlannedGroupOperator):
 
         from sluice.spark import get_session
 
-        spec, planned, owner, url = self.planned(context)
+        spec, planned, owner, _ = self.planned(context)
         store = SluiceStoreHook().get_store()
         reused = SparkSession.getActiveSession() is not None  # dag.test() in a process with Spark
         runtime = Runtime.spark(lambda: get_session(f"sluice-{spec.name}", extra_conf=spec.spark.conf),
@@ -341,6 +341,7 @@ class RollbackOperator(_PipelineOperator):
             sink.name: {"change": "rollback", "to_epoch": report["to_epoch"], "reason": report["reason"],
                         "generation": report["generation"], "from_generation": report["from_generation"],
                         "restored_to_version": report["restored"].get(sink.path),
+                        "versions": report["changes"].get(sink.name, {}).get("versions"),
                         "rolled_back_epochs": [r[0] for r in report["rolled_back"]],
                         "recompute": bool(params["recompute"]), "by": report["by"]}
             for sink in spec.sinks})
@@ -408,7 +409,7 @@ class ValidateOperator(_PlannedGroupOperator):
     ui_color = "#f7e1e1"
 
     def act(self, context: Any) -> dict[str, Any]:
-        spec, _, owner, url = self.planned(context)
+        spec, _, owner, _ = self.planned(context)
         store = SluiceStoreHook().get_store()
         try:
             report = PipelineRun(spec, store, owner).validate()
@@ -435,7 +436,7 @@ class CheckpointOperator(_PlannedGroupOperator):
     def act(self, context: Any) -> dict[str, Any]:
         from sluice.spark import get_session
 
-        spec, planned, owner, url = self.planned(context)
+        spec, planned, owner, _ = self.planned(context)
         store = SluiceStoreHook().get_store()
         runtime = Runtime.spark(lambda: get_session(f"sluice-{spec.name}", extra_conf=spec.spark.conf))
         try:
@@ -446,11 +447,27 @@ class CheckpointOperator(_PlannedGroupOperator):
             self.log.info("Published group %s of %s:\n%s", group["group_id"], spec.name,
                           _epoch_table(group["epochs"]))
         self.log.info("Backlog left: %s", json.dumps(result["backlog"]))
+        # A backfill's or a cleared task's redo, and a rollback's recompute, are recomputes.
+        change = "recompute" if planned.rollback or result["change"] == "recompute" else self.change
         emit_table_changes(self, context, spec, {
-            sink.name: dict(result["published"][sink.name], change="recompute" if planned.rollback else self.change,
+            sink.name: dict(result["published"][sink.name], change=change,
                             rollback=vars(planned.rollback) if planned.rollback else None)
             for sink in spec.sinks if result["published"][sink.name]["epochs"]})
         return result
+
+
+def acknowledge_changes(context: Any, pipeline: str, task_id: str, key: str) -> None:
+    """The task before this one emitted Asset events for the changes in its XCom's ``key``
+    (it succeeded, or this one would not run): later events report from there on."""
+    value = context["ti"].xcom_pull(task_ids=task_id) or {}
+    changes = value.get(key) or {}
+    if not changes:
+        return
+    store = SluiceStoreHook().get_store()
+    try:
+        PipelineRun(get_spec(pipeline), store, "acknowledge").acknowledge(changes)
+    finally:
+        store.close()
 
 
 def _epoch_table(epochs: list[dict[str, Any]]) -> str:

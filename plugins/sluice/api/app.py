@@ -36,9 +36,9 @@ from fastapi.responses import HTMLResponse
 
 from sluice import protocol
 from sluice.errors import SluiceError
+from sluice.model import RollbackIntent
 from sluice.spec import get_spec, load_pipeline_specs
 from sluice.store import Epoch, EpochStore, ManifestEntry
-from sluice.model import RollbackIntent
 
 app = FastAPI(title="sluice epoch store")
 

@@ -162,7 +162,8 @@ class Tables(ABC):
         return None
 
 
-def commit_of(version: int, operation: str, user_metadata: str | None, parameters: dict[str, Any] | None) -> TableCommit:
+def commit_of(version: int, operation: str, user_metadata: str | None,
+              parameters: dict[str, Any] | None) -> TableCommit:
     """A Delta commit as the protocol reads it, from its commitInfo's operation, parameters and
     userMetadata (sluice writes JSON there: app id, generation, token, epochs)."""
     try:

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote, urlparse
 
+from sluice import boundary
 from sluice.delta import Restored, Tables, TableShape, Written, commit_of
 from sluice.errors import FencedError, SluiceError
 from sluice.model import TableCommit, Txn
@@ -354,6 +355,7 @@ class SparkTables(Tables):
         none = jvm.scala.Option.empty()
         target = dlog.getSnapshotAt(version, none, none, False)
         otx.readWholeTable()  # any concurrent data change conflicts with the restore
+        boundary.step("delta.w.restore:commit")  # (a step of the conformance test: a commit may race it)
 
         def files(snap: Any) -> dict[tuple[str, str], dict[str, Any]]:
             found = {}

@@ -218,6 +218,10 @@ class TwinTables(Tables):
                          rows=len(rows_in))
             return Written()
         sums = _sums_by_key(rows_in, shape.keys, shape.sums)
+        if not current:  # no row to match: the sums are appended (as SparkTables does, saving MERGE's join)
+            self._commit(path, read_version, "WRITE", adds=[tuple(sums.values())], txn=txn, metadata=metadata,
+                         rows=len(sums))
+            return Written()
         merged: dict[tuple[Any, ...], dict[str, Any]] = {}
         for name in current:
             for row in table.files[name]:
@@ -300,7 +304,8 @@ class TwinTables(Tables):
         return list(self._tables[path].commits) if path in self._tables else []
 
 
-def _sums_by_key(rows: list[dict[str, Any]], keys: Sequence[str], sums: Sequence[str]) -> dict[tuple[Any, ...], dict[str, Any]]:
+def _sums_by_key(rows: list[dict[str, Any]], keys: Sequence[str],
+                 sums: Sequence[str]) -> dict[tuple[Any, ...], dict[str, Any]]:
     """One row per key with ``sums`` added up (what a MERGE's source must be: unique keys)."""
     found: dict[tuple[Any, ...], dict[str, Any]] = {}
     for row in rows:

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 from sluice import faults, validation
 from sluice.compute import QUARANTINE, REJECTED, Compute, Prepared
 from sluice.errors import FencedError, PipelineHaltedError, SharedTableError, SluiceError
-from sluice.model import COMMITTED, FAILED, PUBLISHED, Epoch, Group, Lease
+from sluice.model import COMMITTED, FAILED, PUBLISHED, Epoch, EpochRange, Group, Lease
 from sluice.protocol import rules
 from sluice.protocol.tables import PipelineTable, SinkCommit, pipeline_tables
 from sluice.spec import PipelineSpec
@@ -137,11 +137,10 @@ class GroupJob:
         reason = rules.halt_reason(epochs, self.spec.control.max_attempts, self.spec.control.max_crashes)
         if reason:
             raise PipelineHaltedError(f"pipeline {self.spec.name!r} is halted: {reason}")
-        self.store.start_attempt(lease, epochs)
+        published_before = self.store.start_attempt(lease, epochs)
         # Reconcile what an earlier attempt may have written; before the pipeline's first
         # publish, always (a run of a store that was lost may have written these epochs).
-        if any(e.attempts > 0 or e.state == FAILED for e in epochs) or not self.store.knows(self.spec.name,
-                                                                                           published=True):
+        if any(e.attempts > 0 or e.state == FAILED for e in epochs) or not published_before:
             self.reconcile_tables(lease, epochs)
 
     def reconcile_tables(self, lease: Lease, epochs: list[Epoch]) -> dict[str, int]:
@@ -290,7 +289,7 @@ class GroupJob:
                 timings["epoch_s"] = round(elapsed, 3)
             records.append((epoch, versions, rows, timings, {n: r.as_dict() for n, r in results.items()} or None))
         self.store.mark_committed(lease, records)
-        log.info("pipeline %s epochs %s..%s committed, one commit per table: %s", self.spec.name,
+        log.info("pipeline %s epochs %s..%s committed in one commit per table: %s", self.spec.name,
                  epochs[0].epoch_id, epochs[-1].epoch_id,
                  json.dumps({"commits": [c.describe() for c in commits], "timings": prepared.timings}))
 
@@ -361,11 +360,11 @@ class GroupJob:
                        "source.max_record_bytes or control.epoch_files")
             raise SluiceError(f"pipeline {self.spec.name!r} {what} failed: {message}") from exc
         if not isinstance(exc, SluiceError | faults.InjectedFault):
-            poison = self.compute.locate_poison(first.range.__class__(first.epoch_id, first.start, last.end))
+            poison = self.compute.locate_poison(EpochRange(first.epoch_id, first.start, last.end))
             if poison:
+                entries = self.store.manifest(self.spec.name, first.start, last.end)
                 holder = next((e.epoch_id for e in epochs
-                               if any(f.path == poison[0] for f in self.store.manifest(self.spec.name, e.start, e.end))),
-                              None)
+                               if any(f.path == poison[0] and e.start <= f.position < e.end for f in entries)), None)
                 message += f" -- poison record at {poison[0]} line {poison[1]} (epoch {holder}): {poison[2][:500]}"
             else:
                 message += f" -- files {self._file_names(first.start, last.end)}"

@@ -18,7 +18,7 @@ from sluice import faults
 from sluice.errors import FencedError, PipelineBusyError
 from sluice.model import Lease, LeaseOwner
 from sluice.store import EpochStore
-from sluice.store.epoch_store import DEFAULT_LEASE_TTL_S
+from sluice.store.epoch_store import DEFAULT_LEASE_TTL_S, token_base
 
 log = logging.getLogger("sluice.protocol.leases")
 
@@ -40,7 +40,7 @@ def dead_local_process(owner: str | None) -> bool:
 
 def acquire_lease(store: EpochStore, pipeline: str, owner: str, *, ttl_s: float = DEFAULT_LEASE_TTL_S,
                   take_over_prefix: str | None = None, alive: Callable[[str], bool] | None = None,
-                  dead: Callable[[str | None], bool] = dead_local_process) -> Lease:
+                  dead: Callable[[str | None], bool] = dead_local_process, held: bool = False) -> Lease:
     """Take the pipeline's lease, or fail fast with ``PipelineBusyError``.
 
     The same owner re-acquires its own lease (a retried task). A lease held by another owner is
@@ -50,9 +50,13 @@ def acquire_lease(store: EpochStore, pipeline: str, owner: str, *, ttl_s: float 
     says that run has ended. Without ``alive`` the prefix alone decides, which is right only
     where one run of the DAG can be active at a time: Airflow applies ``max_active_runs`` to
     backfill runs separately, so a backfill run and a scheduled run of one DAG can overlap.
-    Every acquisition bumps the fencing token."""
+    Every acquisition bumps the fencing token. ``held``: only if ``owner`` holds it already (a
+    later task of the run that planned; ``FencedError`` otherwise)."""
     with store.transaction(pipeline, step="acquire_lease") as tx:
         state = tx.state(lock=True)
+        if held and state.lease_owner != owner:
+            raise FencedError(f"pipeline {pipeline!r}: {owner!r} does not hold the lease (holder: "
+                              f"{state.lease_owner!r})")
         now = tx.now()
         held = state.lease_owner is not None and state.lease_owner != owner
         live = state.lease_expires_at is not None and state.lease_expires_at > now
@@ -64,12 +68,13 @@ def acquire_lease(store: EpochStore, pipeline: str, owner: str, *, ttl_s: float 
                 f"since {state.lease_acquired_at:%Y-%m-%d %H:%M:%S} UTC until "
                 f"{state.lease_expires_at:%H:%M:%S} UTC; at most one group per pipeline may be "
                 "in flight. Wait for that run, or release the lease once it is known dead.")
+        token = max(state.fence + 1, token_base(now))  # tokens rise with the store's clock
         changes: dict[str, Any] = {"lease_owner": owner, "lease_expires_at": now + timedelta(seconds=ttl_s),
-                                   "fence": state.fence + 1}
+                                   "fence": token}
         if state.lease_owner != owner:
             changes["lease_acquired_at"] = now
         tx.update_state(**changes)
-        return Lease(pipeline, owner, state.fence + 1)
+        return Lease(pipeline, owner, token)
 
 
 class LeaseKeeper:
@@ -84,8 +89,7 @@ class LeaseKeeper:
         self._thread = threading.Thread(target=self._renew, name=f"sluice-lease-{lease.pipeline}", daemon=True)
 
     def __enter__(self) -> LeaseKeeper:
-        self.store.renew_lease(self.lease, self.ttl_s)
-        self._thread.start()
+        self._thread.start()  # (the lease was just taken: its first renewal is due a third of the TTL later)
         return self
 
     def __exit__(self, *_: Any) -> None:

@@ -47,7 +47,7 @@ from sluice.protocol.tables import pipeline_tables
 from sluice.sources import source_for
 from sluice.spec import PipelineSpec, SourceSpec
 from sluice.store import EpochStore, records
-from sluice.store.epoch_store import utcnow
+from sluice.store.epoch_store import REBUILD_MARGIN, token_base, utcnow
 
 if TYPE_CHECKING:
     from sluice.protocol.runtime import Runtime
@@ -293,34 +293,48 @@ def _rollback(spec: PipelineSpec, store: EpochStore, runtime: Runtime, lease: Le
     fence_tables(spec, runtime, plan.generation, lease.fence)
     restores = plan_restores(spec, runtime, plan)
     tables = {t.path: t for t in pipeline_tables(spec)}
+    restored_as: dict[str, int | None] = {}
     for r in restores:
         if r.target is not None:
             table = tables[r.path]
             metrics = table.restore(runtime.tables, r.target, generation=plan.generation, token=lease.fence)
+            restored_as[r.path] = getattr(metrics, "version", None)
             log.info("pipeline %s: restored %s from version %s to %s: %s", spec.name, r.path, r.latest, r.target,
                      getattr(metrics, "metrics", metrics))
             faults.maybe_fail("mid_rollback", plan.to_epoch)
+    announced = store.pipeline_state(spec.name).announced
     record = {"pipeline": spec.name, "from_generation": plan.generation,
               "to_epoch": to_epoch, "restored_to_epoch": plan.to_epoch,
               "reason": reason, "by": lease.owner, "at": utcnow().isoformat() + "Z",
               "rolled_back": [[e.epoch_id, e.start, e.end, e.state] for e in plan.rolled_back],
-              "restored": {r.path: r.target for r in restores if r.target is not None}}
+              "restored": {r.path: r.target for r in restores if r.target is not None},
+              "restore_versions": {path: v for path, v in restored_as.items() if v is not None}}
     new_gen, group = finish_rollback(store, lease, plan, replan=recompute, reason=reason,
                                      through_epoch=through_epoch, replan_later=replan_later, record=record)
     record["generation"] = new_gen
     write_rollback_records(spec, store, runtime)
     log.info("pipeline %s: rolled back to epoch %s (generation %s -> %s): %s", spec.name, to_epoch,
              plan.generation, new_gen, json.dumps(record["restored"]))
-    return dict(record, group_id=group.group_id if group else None)
+    # What the Asset events of the rollback say per sink: every version since the last
+    # acknowledged event, through its RESTORE.
+    changes = {s.name: {"versions": [announced.get(s.path, -1) + 1, restored_as[s.path]],
+                        "restored_to_version": record["restored"][s.path]}
+               for s in spec.sinks if restored_as.get(s.path) is not None}
+    return dict(record, group_id=group.group_id if group else None, changes=changes)
 
 
 def write_rollback_records(spec: PipelineSpec, store: EpochStore, runtime: Runtime) -> None:
     """Note every finished rollback next to each sink (idempotent): a store rebuilt from the
     epoch records must not revive the epochs a rollback undid. Called after each rollback and
     by every publish, so a crash between the store's rollback and these files is repaired."""
-    for record in store.rollbacks(spec.name):
-        for sink in spec.sinks:
-            records.write_rollback(runtime.tables, sink.path, record)
+    finished = store.rollbacks(spec.name)
+    if not finished:
+        return
+    for sink in spec.sinks:
+        present = {name for name, _ in runtime.tables.list_files(sink.path, records.folder(records.ROLLBACK))}
+        for record in finished:
+            if records.rollback_name(record["generation"]) not in present:
+                records.write_rollback(runtime.tables, sink.path, record)
 
 
 # -- redo: a cleared processing task of a past group ---------------------------------------------------
@@ -432,8 +446,12 @@ def rebuild_store(spec: PipelineSpec, store: EpochStore, runtime: Runtime, owner
                               f"{len(r.files)} files for offsets [{r.start}, {r.end})")
         files += [(r.start + i, path, size, mtime) for i, (path, size, mtime) in enumerate(r.files)]
     if not resuming:
+        # Above every token in the tables and every token the lost store could have issued
+        # (tokens follow the clock, ``epoch_store.REBUILD_MARGIN``): its runs still going are refused.
         token = max((c.token for t in pipeline_tables(spec) if tables.exists(t.path)
                      for c in tables.lineage(t.path)), default=0)
+        with store.read(spec.name, "clock") as tx:
+            token = max(token, token_base(tx.now())) + REBUILD_MARGIN
         load_records(store, spec.name, generation, files, [r.fields for r in live], rollbacks, fence=token,
                       intent=RollbackIntent(len(live), "store rebuild in progress: run the rebuild again to finish it",
                                             owner, rebuild=True))

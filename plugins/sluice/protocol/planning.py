@@ -4,11 +4,13 @@ read), each in one store transaction under the run's lease."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from sluice.errors import ProtocolError
 from sluice.model import FAILED, PLANNED, Epoch, Group, Lease
 from sluice.protocol import rules
+from sluice.spec import PipelineSpec
 from sluice.store import EpochStore
 
 
@@ -23,7 +25,8 @@ def plan_group(store: EpochStore, lease: Lease, *, epoch_size: int, k: int, plan
     Returns ``None`` when there is nothing to do. ``only_leftovers`` plans nothing new (recovery);
     ``through_epoch`` takes leftovers only up to that epoch (a backfill run's share);
     ``until_offset`` plans new epochs only below that offset (a backfill run's data);
-    ``fresh_attempts`` resets the leftovers' failure and crash counts (an operator's recovery);
+    ``fresh_attempts`` resets the leftovers' failure and crash counts and a failed epoch's
+    validation results (an operator's recovery);
     ``max_bytes`` bounds each new epoch in bytes too (files skipped on purpose count 0).
     """
     with store.transaction(lease.pipeline, step="plan_group") as tx:
@@ -44,8 +47,9 @@ def plan_group(store: EpochStore, lease: Lease, *, epoch_size: int, k: int, plan
             open_groups = set(tx.group_ids(states=[PLANNED]))
             for e in leftover:
                 changes: dict[str, Any] = {"group_id": group_id}
-                if fresh_attempts:
-                    changes.update(failures=0, crashes=0, attempt_open=False)
+                if fresh_attempts:  # the operator's word: count afresh, and a failed gate is retried
+                    changes.update(failures=0, crashes=0, attempt_open=False,
+                                   validation=None if e.state == FAILED else e.validation)
                 tx.update_epoch(e.epoch_id, gen, **changes)
                 if e.group_id in open_groups:
                     tx.update_group(e.group_id, state=FAILED, finished_at=now)
@@ -84,3 +88,27 @@ def halt_reason(store: EpochStore, pipeline: str, max_attempts: int, max_crashes
             return state.intent.describe()
         epochs = tx.epochs(state.generation, states=[PLANNED, FAILED])
     return rules.halt_reason(epochs, max_attempts, max_crashes)
+
+
+@dataclass(frozen=True)
+class PlanContext:
+    """What the plan step reads before it takes the lease, in one read: whether the store knows
+    the pipeline, the group this owner planned before, and why the pipeline is halted."""
+
+    known: bool
+    earlier: Group | None
+    halt: str | None
+
+
+def context(store: EpochStore, spec: PipelineSpec, owner: str | None) -> PlanContext:
+    with store.read(spec.name, "plan_context") as tx:
+        state = tx.state()
+        known = store.knows_in(tx)
+        ids = tx.group_ids(owner=owner) if owner is not None else []
+        earlier = tx.group(ids[0]) if ids else None
+        if state.intent is not None:
+            halt = state.intent.describe()
+        else:
+            halt = rules.halt_reason(tx.epochs(state.generation, states=[PLANNED, FAILED]),
+                                     spec.control.max_attempts, spec.control.max_crashes)
+    return PlanContext(known, earlier, halt)

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from sluice import adaptive, faults, validation
 from sluice.errors import FencedError, OperatorActionRequired, PipelineBusyError, PipelineHaltedError
-from sluice.model import COMMITTED, FAILED, PUBLISHED, ROLLED_BACK, Epoch, Group, Lease, LeaseOwner
+from sluice.model import COMMITTED, FAILED, PLANNED, PUBLISHED, ROLLED_BACK, Epoch, Group, Lease, LeaseOwner
 from sluice.protocol import operations, planning
 from sluice.protocol.group import GroupJob
 from sluice.protocol.leases import acquire_lease
@@ -128,9 +128,10 @@ class GroupPlan:
     def from_xcom(cls, value: dict[str, Any]) -> GroupPlan:
         rollback = value.get("rollback")
         group_id = value["group_id"]
+        owner_group = group_id if group_id is not None else -1
         return cls(value["pipeline"], group_id,
-                   tuple(Epoch(value["pipeline"], e["epoch_id"], e["generation"], group_id if group_id is not None else -1,
-                               e["start"], e["end"], e["state"]) for e in value.get("epochs") or ()),
+                   tuple(Epoch(value["pipeline"], e["epoch_id"], e["generation"], owner_group, e["start"], e["end"],
+                               e["state"]) for e in value.get("epochs") or ()),
                    dict(value.get("plan") or {}), bool(value.get("reprocessing")),
                    PlannedRollback(rollback["to_epoch"], rollback["through_epoch"]) if rollback else None)
 
@@ -188,20 +189,21 @@ class PipelineRun:
         the run holding the lease under ``take_over_prefix`` is still going.
         """
         spec, store = self.spec, self.store
-        if self.runtime is not None and not store.knows(spec.name):
+        context = planning.context(store, spec, self.owner if resume_own else None)
+        if self.runtime is not None and not context.known:
             self._check_new_to_store()
         lease = acquire_lease(store, spec.name, self.owner, ttl_s=spec.control.lease_ttl_s,
                               take_over_prefix=take_over_prefix, alive=alive)
         try:
-            earlier = store.group_of_owner(spec.name, self.owner) if resume_own else None
+            earlier = context.earlier
             if earlier is not None:
                 log.info("pipeline %s: this run planned group %s before (%s); continuing it", spec.name,
                          earlier.group_id, earlier.state)
                 return GroupPlan.of(earlier)
             if withdraw_rollback:
                 operations.withdraw_rollback(spec, store, lease)
-            halt = None if recover else planning.halt_reason(store, spec.name, spec.control.max_attempts,
-                                                              spec.control.max_crashes)
+                context = planning.context(store, spec, None)
+            halt = None if recover else context.halt
             if halt:
                 raise PipelineHaltedError(f"pipeline {spec.name!r} is halted: {halt}")
             if interval is not None:
@@ -264,7 +266,7 @@ class PipelineRun:
         spec, store = self.spec, self.store
         ttl = spec.control.lease_ttl_s
         try:
-            store.current_lease(spec.name, self.owner)
+            return acquire_lease(store, spec.name, self.owner, ttl_s=ttl, held=True)
         except FencedError:
             group = store.group(spec.name, group_id) if group_id is not None else None
             if group is None or group.state not in (PUBLISHED, ROLLED_BACK):
@@ -275,7 +277,6 @@ class PipelineRun:
                 return acquire_lease(store, spec.name, self.owner, ttl_s=ttl, take_over_prefix=prefix, alive=alive)
             except PipelineBusyError as exc:
                 raise FencedError(f"{exc} (this run's group {group_id} was published; it cannot redo it now)") from None
-        return acquire_lease(store, spec.name, self.owner, ttl_s=ttl)
 
     def process(self, group_id: int | None, *, concurrency: int | None = None,
                 alive: Callable[[str], bool] | None = None) -> dict[str, Any]:
@@ -288,12 +289,14 @@ class PipelineRun:
         spec, store, runtime = self.spec, self.store, self._runtime()
         lease = self._lease(group_id, alive or runtime.alive)
         actions = []
-        pending = store.pending_rollback(spec.name)
+        with store.read(spec.name, "process") as tx:
+            pending = tx.state().intent
+            groups = [tx.group(i) for i in tx.group_ids(states=[PLANNED], owner=self.owner)]
         if pending is not None and pending.owner == self.owner and not pending.rebuild:
             actions.append(operations.rollback(spec, store, runtime, lease, to_epoch=pending.asked,
                                                reason=pending.reason, recompute=True,
                                                through_epoch=pending.through_epoch))
-        groups = store.unpublished_groups(spec.name, self.owner)
+            groups = store.unpublished_groups(spec.name, self.owner)
         if not groups and group_id is not None:
             done = store.group(spec.name, group_id)
             if done.state in (PUBLISHED, ROLLED_BACK):
@@ -340,7 +343,11 @@ class PipelineRun:
         spec, store = self.spec, self.store
         tables = self._runtime().tables
         written = []
-        files = {e.epoch_id: [[f.path, f.size, f.mtime] for f in store.manifest(spec.name, e.start, e.end)]
+        if not group.epochs:
+            return written
+        first, last = min(e.start for e in group.epochs), max(e.end for e in group.epochs)
+        entries = store.manifest(spec.name, first, last)  # one read for the group's range
+        files = {e.epoch_id: [[f.path, f.size, f.mtime] for f in entries if e.start <= f.position < e.end]
                  for e in group.epochs}
         now = utcnow()
         for sink in spec.sinks:
@@ -354,8 +361,11 @@ class PipelineRun:
         return written
 
     def _publish_group(self, lease: Lease, group_id: int) -> Group:
-        self.store.check_lease(lease)
-        self.write_epoch_records(self.store.group(self.spec.name, group_id))
+        with self.store.read(self.spec.name, "publish") as tx:
+            if not tx.state().holds(lease):  # checked again, under the lock, when the group is published
+                tx.check_lease(lease)
+            group = tx.group(group_id)
+        self.write_epoch_records(group)
         faults.maybe_fail("before_publish")
         return self.store.finish_group(lease, group_id)
 
@@ -364,8 +374,14 @@ class PipelineRun:
         ``published``, their records written first), repair missing rollback records, and
         release the lease."""
         spec, store = self.spec, self.store
-        lease = store.current_lease(spec.name, self.owner)
-        groups = [self._publish_group(lease, g.group_id) for g in store.unpublished_groups(spec.name, self.owner)]
+        with store.read(spec.name, "publish") as tx:
+            state = tx.state()
+            if state.lease_owner != self.owner:
+                raise FencedError(f"pipeline {spec.name!r}: {self.owner!r} does not hold the lease "
+                                  f"(holder: {state.lease_owner!r})")
+            lease = Lease(spec.name, self.owner, state.fence)
+            ids = tx.group_ids(states=[PLANNED], owner=self.owner)
+        groups = [self._publish_group(lease, gid) for gid in ids]
         operations.write_rollback_records(spec, store, self._runtime())
         store.release_lease(lease)
         if spec.control.adaptive:
@@ -376,13 +392,31 @@ class PipelineRun:
                     log.exception("pipeline %s: could not record group %s for the controllers", spec.name, g.group_id)
         backlog = source_for(spec, store).backlog()
         published = [e for g in groups for e in g.epochs]
-        generation = store.generation(spec.name)
+        state = store.pipeline_state(spec.name)
+        recompute = any(g.plan.get("reason", "").startswith("recompute after rollback") for g in groups)
+        changes = {}
+        for s in spec.sinks:
+            version = max((e.delta_versions.get(s.name) for e in published
+                           if e.delta_versions.get(s.name) is not None), default=None)
+            changes[s.name] = {"epochs": [e.epoch_id for e in published], "version": version,
+                               "generation": state.generation,
+                               # Every version of the table since the last acknowledged event: a
+                               # change an unacknowledged event (a failed task's) reported comes again.
+                               "versions": (None if version is None
+                                            else [state.announced.get(s.path, -1) + 1, version])}
         return {"groups": [g.as_record() for g in groups], "group": groups[-1].as_record() if groups else None,
-                "published": {s.name: {"epochs": [e.epoch_id for e in published],
-                                       "version": max((e.delta_versions.get(s.name) for e in published
-                                                       if e.delta_versions.get(s.name) is not None), default=None),
-                                       "generation": generation} for s in spec.sinks},
+                "published": changes, "change": "recompute" if recompute else "publish",
                 "backlog": backlog.as_dict()}
+
+    def acknowledge(self, changes: dict[str, dict[str, Any]]) -> None:
+        """The Asset events of ``changes`` (a ``publish``'s ``published``, a rollback's
+        ``changes``) were emitted: later events report from their last version on. Called by the
+        task after the one that emitted them, which runs only once it succeeded; events not
+        acknowledged are reported again (at least once)."""
+        versions = {self.spec.sink(name).path: int(c["versions"][1]) for name, c in changes.items()
+                    if c.get("versions")}
+        if versions:
+            self.store.announce(self.spec.name, versions)
 
     def release(self) -> bool:
         """Give up this owner's lease after a failure, so the next run need not wait for expiry."""

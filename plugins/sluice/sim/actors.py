@@ -74,12 +74,14 @@ def _group_steps(world: World, actor: Actor, owner: str, planned: GroupPlan | No
     task(world, actor, lambda: run().process(group_id), retries)
     task(world, actor, lambda: run().validate(), retries)
     report = task(world, actor, lambda: run().publish(), retries)
-    world.events.append({"owner": owner, "change": change, "published": report["published"], "at": world.sched.now})
+    # The checkpoint succeeded: Airflow emits its Asset events; the next task acknowledges them.
+    world.emit(owner, report["change"], report["published"])
+    task(world, actor, lambda: run().acknowledge(report["published"]), retries)
     return "success"
 
 
 def dag_run(world: World, run_id: str, *, interval: tuple[float, float] | None = None,
-            cleared: bool = False, k: int | None = None) -> Actor:
+            cleared: bool = False, k: int | None = None, epoch_size: int | None = None) -> Actor:
     """A run of the pipeline's DAG (scheduled, a backfill's, or a past run cleared in the UI)."""
     owner = str(LeaseOwner.dag_run(PIPELINE, run_id))
 
@@ -89,7 +91,7 @@ def dag_run(world: World, run_id: str, *, interval: tuple[float, float] | None =
             planned = task(world, actor, lambda: _plan_with_wait(
                 PipelineRun(world.spec, world.store(), owner, world.runtime), world,
                 take_over_prefix=LeaseOwner.runs_of(PIPELINE), resume_own=True, alive=world.alive,
-                interval=interval, k=k), retries=1)
+                interval=interval, k=k, epoch_size=epoch_size), retries=1)
             del run
             if planned is None:
                 return "skipped"
@@ -126,7 +128,9 @@ def rollback_run(world: World, run_id: str, to_epoch: int, *, recompute: bool, t
 
         try:
             report = task(world, actor, roll, retries=0)
-            world.events.append({"owner": owner, "change": "rollback", "report": report, "at": world.sched.now})
+            world.emit(owner, "rollback", report["changes"])
+            task(world, actor, lambda: PipelineRun(world.spec, world.store(), owner).acknowledge(report["changes"]),
+                 retries=0)  # the recompute gate, after the rollback succeeded
             if not recompute or report.get("group_id") is None:
                 return "rolled back"
             return _group_steps(world, actor, owner, None, 0, "recompute")

@@ -22,7 +22,8 @@ import os
 import shutil
 import tempfile
 from collections import Counter
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -51,15 +52,22 @@ class Outcome:
         return not self.violations
 
 
-def run_schedule(seed: int, workdir: Path, template: Path, *, keep: bool = False) -> Outcome:
+def run_schedule(seed: int, workdir: Path, template: Path, *, keep: bool = False,
+                 store_url: Callable[[int], str] | None = None) -> Outcome:
     """Run the schedule of ``seed`` in a folder of its own under ``workdir``; ``template``: a
-    migrated, empty SQLite store to copy."""
+    migrated, empty SQLite store to copy; ``store_url(seed)``: another store for it (an empty
+    Postgres database; the store is then never lost)."""
     root = workdir / f"s{seed}"
     shutil.rmtree(root, ignore_errors=True)
     root.mkdir(parents=True)
-    shutil.copy(template, root / "store.db")
-    url = f"sqlite:///{root / 'store.db'}"
+    if store_url is None:
+        shutil.copy(template, root / "store.db")
+        url = f"sqlite:///{root / 'store.db'}"
+    else:
+        url = store_url(seed)
     world = World(seed, root, url)
+    if store_url is not None:
+        world.config = replace(world.config, store_loss=False)
     outcome = Outcome(seed, config=vars(world.config))
     world.sched.install()
     try:
@@ -192,7 +200,7 @@ def _quiet(world: World, outcome: Outcome) -> bool:
             last = planning.halt_reason(store, PIPELINE, 3, 10) or "unpublished epochs"
             actors.recover_run(world, f"quiet__{runs}", take_over=True)
             continue
-        drain = actors.dag_run(world, f"quiet_drain__{runs}", k=1000)
+        drain = actors.dag_run(world, f"quiet_drain__{runs}", k=1000, epoch_size=1000)
         sched.drain()
         if drain.result == "skipped":
             return True
@@ -255,6 +263,23 @@ def _check(world: World, outcome: Outcome) -> None:
         lost = [r["generation"] for r in store.rollbacks(PIPELINE) if r["generation"] not in gens]
         if missing or lost:
             v["records"] = f"sink {sink.name}: no record of epochs {missing[:5]}; of rollbacks {lost[:5]}"
+    # Asset events: every version of a sink that changed its rows, up to the last one an event
+    # reported, is in some event's range; no event names a version the table does not have.
+    for sink in world.spec.sinks:
+        ranges = [e["versions"] for e in world.events if e["table"] == sink.path]
+        if not ranges:
+            continue
+        commits = world.tables.all_commits(sink.path)
+        reported = max(to for _, to in ranges)
+        if reported > len(commits) - 1:
+            v["events"] = (f"sink {sink.name}: an event reports version {reported}; the table's last is "
+                           f"{len(commits) - 1}")
+            break
+        missed = [c.version for c in commits if c.version <= reported and (c.adds or c.removes)
+                  and not any(a <= c.version <= b for a, b in ranges)]
+        if missed:
+            v["events"] = f"sink {sink.name}: versions {missed[:5]} changed rows and no Asset event reported them"
+            break
     for actor in world.sched.actors:
         if actor.name.startswith("preview:"):
             writes = [s for s in actor.steps if ".w." in s]
@@ -296,14 +321,15 @@ def template(folder: Path) -> Path:
     return path
 
 
-def run_seeds(seeds: list[int], keep: bool = False) -> list[Outcome]:
-    import shutil
-
+def run_seeds(seeds: list[int], keep: bool = False, store_url: Callable[[int], str] | None = None) -> list[Outcome]:
+    """The schedules of ``seeds``, one after the other, in this process."""
+    previous = logging.root.manager.disable
     logging.disable(logging.CRITICAL)  # the protocol's own log lines, thousands per second
     folder = workdir()
     try:
         base = template(folder)
-        return [run_schedule(seed, folder, base, keep=keep) for seed in seeds]
+        return [run_schedule(seed, folder, base, keep=keep, store_url=store_url) for seed in seeds]
     finally:
+        logging.disable(previous)
         if not keep:
             shutil.rmtree(folder, ignore_errors=True)

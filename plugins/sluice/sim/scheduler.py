@@ -1,10 +1,10 @@
 """A deterministic scheduler of actors for the simulation: each actor (a DAG run, an operator's
-action) is a thread running the real protocol code; only one runs at a time, and it runs until
+action) is a greenlet running the real protocol code; only one runs at a time, and it runs until
 its next step boundary (``sluice.boundary``: a Delta facade call, a store transaction), where it
-hands the turn back. The scheduler, from a seeded ``random.Random``, picks who goes next and what
-happens there: the step is taken, or the actor is killed (SIGKILL: it vanishes, no cleanup runs),
-or paused (SIGSTOP: a zombie, resumed later, after its lease expired). Virtual time advances
-between steps; a lease kept alive by a paused actor is not renewed.
+switches back to the scheduler. The scheduler, from a seeded ``random.Random``, picks who goes
+next and what happens there: the step is taken, or the actor is killed (SIGKILL: it vanishes, no
+cleanup runs), or paused (SIGSTOP: a zombie, resumed later, after its lease expired). Virtual
+time advances between steps; a lease kept alive by a paused actor is not renewed.
 
 Same seed, same interleaving, same faults: a failing schedule replays exactly.
 """
@@ -12,38 +12,37 @@ Same seed, same interleaving, same faults: a failing schedule replays exactly.
 from __future__ import annotations
 
 import random
-import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from greenlet import getcurrent, greenlet
+
 from sluice import boundary
 
-#: How long the scheduler waits for an actor to reach its next boundary before it calls the
-#: actor stuck (a blocking call outside any step boundary): a bug of the simulation.
-STUCK_S = 60.0
 
-
-class Killed(BaseException):  # noqa: N818  (not an error: the process is gone)
+class Killed(BaseException):
     """The actor's process vanished (SIGKILL) at a step boundary: nothing after it runs, not
     even its ``finally`` blocks' store or Delta calls (each of them is a boundary too)."""
 
 
 class Stuck(RuntimeError):
-    """An actor did not reach a step boundary in time: it blocks outside the simulation's steps."""
+    """The actors did not end, or a scripted actor was not where the script expected it."""
 
 
-_local = threading.local()
+class _Greenlet(greenlet):
+    actor: Actor | None = None
 
 
 def current() -> Actor | None:
-    return getattr(_local, "actor", None)
+    """The actor whose code is running (``None``: the scheduler's own calls, or another thread's)."""
+    return getattr(getcurrent(), "actor", None)
 
 
 @dataclass(eq=False)
 class Actor:
     """One process-like thing the scheduler interleaves. ``program(actor)`` runs in its own
-    thread; ``owner`` is its lease owner (a DAG run)."""
+    greenlet; ``owner`` is its lease owner (a DAG run)."""
 
     name: str
     program: Callable[[Actor], Any]
@@ -59,8 +58,7 @@ class Actor:
     steps: list[str] = field(default_factory=list)
     keepers: list[list[Any]] = field(default_factory=list)  # [lease, ttl_s, last renewed]
     paused_at: float | None = None
-    thread: threading.Thread | None = None
-    go: threading.Event = field(default_factory=threading.Event)
+    glet: _Greenlet | None = None
 
     @property
     def finished(self) -> bool:
@@ -74,7 +72,7 @@ class Scheduler:
         self.rng = rng
         self.now = start
         self.actors: list[Actor] = []
-        self._back = threading.Event()
+        self._hub = getcurrent()
         self.steps = 0
         self.trace: list[str] = []
         self.renew: Callable[[Any, float], None] | None = None  # (lease, ttl) -> renew, from the world
@@ -84,7 +82,7 @@ class Scheduler:
         self.faults = True
         self.log_steps = False  # every step in the trace (a replay's detail)
 
-    # -- in the actor's thread -------------------------------------------------------------------
+    # -- in the actor's greenlet -----------------------------------------------------------------
 
     def hook(self, name: str) -> None:
         actor = current()
@@ -95,9 +93,7 @@ class Scheduler:
         actor.step = name
         actor.steps.append(name)
         actor.state = "ready"
-        actor.go.clear()
-        self._back.set()
-        actor.go.wait()
+        self._hub.switch()
         if actor.killed:
             raise Killed(name)
 
@@ -108,15 +104,11 @@ class Scheduler:
             return
         actor.wake_at = self.now + seconds
         actor.state = "sleeping"
-        actor.go.clear()
-        self._back.set()
-        actor.go.wait()
+        self._hub.switch()
         if actor.killed:
             raise Killed("sleep")
 
     def _main(self, actor: Actor) -> None:
-        _local.actor = actor
-        actor.go.wait()
         try:
             if actor.killed:
                 raise Killed("start")
@@ -128,24 +120,21 @@ class Scheduler:
         finally:
             actor.state = "done"
             actor.keepers.clear()
-            self._back.set()
 
-    # -- in the scheduler's thread ---------------------------------------------------------------
+    # -- in the scheduler (the greenlet that made it) ---------------------------------------------
 
     def spawn(self, actor: Actor) -> Actor:
-        actor.thread = threading.Thread(target=self._main, args=(actor,), name=f"sim-{actor.name}", daemon=True)
+        actor.glet = _Greenlet(self._main, parent=self._hub)
+        actor.glet.actor = actor
         self.actors.append(actor)
-        actor.thread.start()
         return actor
 
     def _resume(self, actor: Actor) -> None:
+        """Let the actor run to its next step boundary (or its end)."""
         if self.log_steps:
             self.trace.append(f"{self.now:.0f} {actor.name}: {actor.step or 'start'}")
         actor.state = "running"
-        self._back.clear()
-        actor.go.set()
-        if not self._back.wait(STUCK_S):
-            raise Stuck(f"actor {actor.name} did not reach a step boundary within {STUCK_S} s after {actor.step}")
+        actor.glet.switch(actor)
         self.steps += 1
 
     def kill(self, actor: Actor) -> None:
@@ -204,6 +193,33 @@ class Scheduler:
         self._resume(actor)
         return True
 
+    def pause(self, actor: Actor, seconds: float = float("inf")) -> None:
+        """SIGSTOP an actor waiting at a step (scripted): it is not scheduled until ``resume``
+        or ``seconds`` of virtual time pass; its lease is not renewed meanwhile."""
+        actor.state = "paused"
+        actor.paused_at = self.now
+        actor.wake_at = self.now + seconds
+        self.trace.append(f"{self.now:.0f} pause {actor.name} at {actor.step}")
+
+    def resume(self, actor: Actor) -> None:
+        """SIGCONT: the actor is ready again at the step it was stopped at."""
+        actor.state = "ready"
+        actor.paused_at = None
+        self.trace.append(f"{self.now:.0f} resume {actor.name} at {actor.step}")
+
+    def run_until(self, actor: Actor, stop: Callable[[str], bool] | None = None, max_steps: int = 10_000) -> Actor:
+        """A scripted interleaving: let only ``actor`` take steps until it waits at one for which
+        ``stop(step)`` is true (it has not taken it), or it ends."""
+        for _ in range(max_steps):
+            if actor.state == "done":
+                return actor
+            if actor.state not in ("new", "ready"):
+                raise Stuck(f"actor {actor.name} is {actor.state}, not ready")
+            if actor.state == "ready" and stop is not None and stop(actor.step):
+                return actor
+            self._resume(actor)
+        raise Stuck(f"actor {actor.name} took {max_steps} steps without stopping")
+
     def next_wake(self) -> float | None:
         waiting = [a.wake_at for a in self.actors if a.state in ("sleeping", "paused")]
         return min(waiting) if waiting else None
@@ -234,7 +250,4 @@ class Scheduler:
         for actor in self.actors:
             if actor.state != "done":
                 actor.killed = True
-                actor.go.set()
-        for actor in self.actors:
-            if actor.thread is not None:
-                actor.thread.join(timeout=5)
+                actor.glet.switch(actor)

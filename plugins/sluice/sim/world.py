@@ -56,14 +56,16 @@ class Config:
                    store_loss=rng.random() < 0.04)
 
 
-def sim_spec(root: Path, config: Config) -> PipelineSpec:
+def sim_spec(root: Path, config: Config, table_root: str | None = None) -> PipelineSpec:
+    """The simulated pipeline; ``table_root``: where its tables are (another storage's paths,
+    such as ``s3a://bucket``; the twin does not care)."""
+    tables = table_root or str(root / "tables")
     return PipelineSpec.model_validate({
         "name": PIPELINE, "schedule": "@continuous", "transform": "sim.transform",
         "source": {"type": "files", "path": str(root / "landing"), "format": "json", "pattern": "*.json",
                    "schema": {"k": "string", "n": "long"}, "required": ["k", "n"], "unknown_fields": "ignore"},
-        "sinks": [{"name": "counts", "mode": "aggregate", "path": str(root / "tables" / "counts"),
-                   "keys": ["k"], "sums": ["n"]},
-                  {"name": "clean", "mode": "append", "path": str(root / "tables" / "clean")}],
+        "sinks": [{"name": "counts", "mode": "aggregate", "path": f"{tables}/counts", "keys": ["k"], "sums": ["n"]},
+                  {"name": "clean", "mode": "append", "path": f"{tables}/clean"}],
         "commit": config.commit,
         "control": {"adaptive": False, "epoch_files": config.epoch_files, "group_epochs": config.group_epochs,
                     "lease_ttl_s": TTL_S, "max_attempts": 3, "max_crashes": 10},
@@ -74,16 +76,17 @@ def sim_spec(root: Path, config: Config) -> PipelineSpec:
 class World:
     """The shared state of one schedule; its actors live in ``sched``."""
 
-    def __init__(self, seed: int, root: Path, store_url: str) -> None:
+    def __init__(self, seed: int, root: Path, store_url: str, config: Config | None = None,
+                 table_root: str | None = None) -> None:
         self.seed = seed
         self.rng = random.Random(seed)
-        self.config = Config.draw(self.rng)
+        self.config = Config.draw(self.rng) if config is None else config
         self.sched = Scheduler(self.rng)
         self.root = root
         (root / "landing").mkdir(parents=True)
         self.url = store_url
         self.tables = TwinTables()
-        self.spec = sim_spec(root, self.config)
+        self.spec = sim_spec(root, self.config, table_root)
         self.contents: dict[str, list[str]] = {}  # every file ever landed: its lines (the oracle's input)
         self.vanished: set[str] = set()
         self.dag_runs: dict[str, Any] = {}  # owner -> the actor of that DAG run
@@ -111,7 +114,6 @@ class World:
     def keeper(self, store: EpochStore, lease: Lease, ttl_s: float) -> Any:
         """``LeaseKeeper`` of the simulation: renewed by the scheduler as virtual time passes,
         while the actor is neither paused nor dead (its renewal thread)."""
-        store.renew_lease(lease, ttl_s)
         actor = current()
         keeper = [lease, ttl_s, self.sched.now]
         if actor is not None:
@@ -175,6 +177,13 @@ class World:
         os.replace(tmp, path)
         for suffix in ("-wal", "-shm"):
             Path(str(path) + suffix).unlink(missing_ok=True)
+
+    def emit(self, owner: str, change: str, changes: dict[str, dict[str, Any]]) -> None:
+        """The Asset events a task's success emits: per sink, the table versions they report."""
+        for sink, fields in changes.items():
+            if fields.get("versions"):
+                self.events.append({"owner": owner, "change": change, "table": self.spec.sink(sink).path,
+                                    "versions": tuple(fields["versions"]), "at": self.sched.now})
 
     # -- the oracle ----------------------------------------------------------------------------------
 

@@ -27,9 +27,23 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import BigInteger, Engine, cast, create_engine, event, func, or_, select, text
+from sqlalchemy import (
+    BigInteger,
+    Connection,
+    Engine,
+    bindparam,
+    cast,
+    create_engine,
+    delete,
+    event,
+    func,
+    insert,
+    or_,
+    select,
+    text,
+    update,
+)
 from sqlalchemy.exc import IntegrityError, OperationalError
-from sqlalchemy.orm import Session, aliased, sessionmaker
 
 from sluice import boundary
 from sluice.errors import FencedError, PipelineBusyError, ProtocolError
@@ -95,12 +109,16 @@ def redacted(url: str) -> str:
         return "<the store URL>"
 
 
-#: Lease tokens of a pipeline new to a store start at the seconds since this moment (by the
-#: store's clock), so a store made after another was lost hands out tokens above the lost one's
-#: (which counted up from its own start, about one acquisition per task): Delta then refuses a
-#: run of the lost store that is still going. ``token << 32`` must fit a Delta txnVersion (a
-#: signed 64-bit integer): good until 2088.
+#: Lease tokens follow the store's clock: each acquisition's token is the seconds since this
+#: moment, or the previous token + 1 if that is higher. So tokens rise with time, whatever store
+#: issued them: a store made after another was lost (and rebuilt, ``REBUILD_MARGIN`` above)
+#: hands out tokens above every token the lost one could have issued, and Delta refuses a run of
+#: the lost store that is still going. ``token << 32`` must fit a Delta txnVersion (a signed
+#: 64-bit integer): good until 2087.
 TOKEN_EPOCH = datetime(2020, 1, 1)
+#: How far tokens may have run ahead of the clock (acquisitions faster than one a second, for
+#: long): a rebuilt store's first token is this far above the clock and every token in the tables.
+REBUILD_MARGIN = 1_000_000
 
 
 def token_base(now: datetime) -> int:
@@ -128,7 +146,25 @@ class PipelineState:
         return self.fence == lease.fence and self.lease_owner == lease.owner
 
 
-def _epoch(row: EpochRow) -> Epoch:
+P, E, G, F, R, C = (PipelineRow.__table__, EpochRow.__table__, GroupRow.__table__, SourceFileRow.__table__,
+                    RollbackRow.__table__, ControlRow.__table__)
+#: Statements built once: a store transaction is a step of every protocol step, and building a
+#: statement costs about as much as running it on SQLite.
+_PIPELINE = select(P).where(P.c.name == bindparam("p"))
+_PIPELINE_LOCKED = _PIPELINE.with_for_update()
+_EPOCHS = select(E).where(E.c.pipeline == bindparam("p"), E.c.generation == bindparam("g")).order_by(E.c.epoch_id)
+_EPOCH = select(E).where(E.c.pipeline == bindparam("p"), E.c.epoch_id == bindparam("e"),
+                         E.c.generation == bindparam("g"))
+_GROUP = select(G).where(G.c.pipeline == bindparam("p"), G.c.group_id == bindparam("gid"))
+_GROUP_EPOCHS = (select(E).where(E.c.pipeline == bindparam("p"), E.c.group_id == bindparam("gid"))
+                 .order_by(E.c.epoch_id, E.c.generation))
+_MANIFEST_END = select(func.max(F.c.position)).where(F.c.pipeline == bindparam("p"))
+_NEXT_GROUP = select(func.max(G.c.group_id)).where(G.c.pipeline == bindparam("p"))
+_NEXT_OFFSET = select(func.max(E.c.end_offset)).where(E.c.pipeline == bindparam("p"), E.c.generation == bindparam("g"),
+                                                      E.c.state != ROLLED_BACK)
+
+
+def _epoch(row: Any) -> Epoch:
     return Epoch(
         pipeline=row.pipeline, epoch_id=row.epoch_id, generation=row.generation, group_id=row.group_id,
         start=row.start_offset, end=row.end_offset, state=row.state, attempts=row.attempts,
@@ -140,7 +176,7 @@ def _epoch(row: EpochRow) -> Epoch:
     )
 
 
-def _entry(row: SourceFileRow) -> ManifestEntry:
+def _entry(row: Any) -> ManifestEntry:
     skipped = (FileSkip(row.skipped_at, row.skipped_by or "", row.skip_reason or "")
                if row.skipped_at is not None else None)
     return ManifestEntry(row.position, row.path, row.size, row.mtime, skipped)
@@ -148,33 +184,38 @@ def _entry(row: SourceFileRow) -> ManifestEntry:
 
 #: Epoch fields and the columns they are kept in (the others have the same name).
 _EPOCH_COLUMNS = {"start": "start_offset", "end": "end_offset"}
+_PIPELINE_COLUMNS = {"intent": "pending_rollback"}
 
 
 class StoreTx:
     """One transaction of the store on one pipeline: the typed reads and writes the protocol
-    composes into an atomic step."""
+    composes into an atomic step (SQLAlchemy Core on one connection)."""
 
-    def __init__(self, store: EpochStore, session: Session, pipeline: str, write: bool) -> None:
-        self.store, self.session, self.pipeline, self.write = store, session, pipeline, write
+    def __init__(self, store: EpochStore, conn: Connection, pipeline: str, write: bool) -> None:
+        self.store, self.conn, self.pipeline, self.write = store, conn, pipeline, write
+        self._now: datetime | None = None
+
+    def _one(self, stmt: Any, **params: Any) -> Any:
+        return self.conn.execute(stmt, {"p": self.pipeline, **params}).first()
+
+    def _all(self, stmt: Any, **params: Any) -> list[Any]:
+        return list(self.conn.execute(stmt, {"p": self.pipeline, **params}))
 
     # -- the pipeline's row ----------------------------------------------------------------------
 
-    def _row(self, *, lock: bool = False) -> PipelineRow | None:
-        stmt = select(PipelineRow).where(PipelineRow.name == self.pipeline)
-        if lock:
-            stmt = stmt.with_for_update()
-        row = self.session.scalars(stmt).first()
+    def _row(self, *, lock: bool = False) -> Any:
+        row = self._one(_PIPELINE_LOCKED if lock else _PIPELINE)
         if row is None and lock:
             # SELECT ... FOR UPDATE locks no row that does not exist yet: on Postgres two first
             # writers both get here, and the second's INSERT waits for the first's commit, then
             # fails on the key. Its savepoint absorbs that, and it locks the row the first made.
             try:
-                with self.session.begin_nested():
-                    self.session.add(PipelineRow(name=self.pipeline, generation=0, fence=token_base(self.now()),
-                                                 created_at=utcnow()))
+                with self.conn.begin_nested():
+                    self.conn.execute(insert(P).values(name=self.pipeline, generation=0,
+                                                       fence=token_base(self.now()), created_at=utcnow()))
             except IntegrityError:
                 pass
-            row = self.session.scalars(stmt).one()
+            row = self._one(_PIPELINE_LOCKED)
         return row
 
     def state(self, *, lock: bool = False) -> PipelineState:
@@ -189,12 +230,10 @@ class StoreTx:
 
     def update_state(self, **changes: Any) -> None:
         """Change fields of the pipeline's row (``intent`` as a ``RollbackIntent`` or None)."""
-        row = self._row(lock=True)
-        for key, value in changes.items():
-            if key == "intent":
-                row.pending_rollback = value.as_record() if value is not None else None
-            else:
-                setattr(row, key, value)
+        self._row(lock=True)
+        values = {_PIPELINE_COLUMNS.get(k, k): (v.as_record() if v is not None else None) if k == "intent" else v
+                  for k, v in changes.items()}
+        self.conn.execute(update(P).where(P.c.name == self.pipeline).values(**values))
 
     def check_lease(self, lease: Lease) -> PipelineState:
         """The pipeline's row, locked, if ``lease`` still holds it; else ``FencedError``."""
@@ -206,20 +245,21 @@ class StoreTx:
         return state
 
     def now(self) -> datetime:
-        """The store's clock (naive UTC): leases expire by it, whatever each host's clock says."""
-        return self.store.store_now(self.session)
+        """The store's clock (naive UTC, read once per transaction): leases expire by it,
+        whatever each host's clock says."""
+        if self._now is None:
+            self._now = self.store.store_now(self.conn)
+        return self._now
 
     # -- epochs ----------------------------------------------------------------------------------
 
     def epochs(self, generation: int | None = None, *, states: Sequence[str] | None = None) -> list[Epoch]:
         gen = self.state().generation if generation is None else generation
-        stmt = select(EpochRow).where(EpochRow.pipeline == self.pipeline, EpochRow.generation == gen)
-        if states is not None:
-            stmt = stmt.where(EpochRow.state.in_(list(states)))
-        return [_epoch(r) for r in self.session.scalars(stmt.order_by(EpochRow.epoch_id))]
+        found = [_epoch(r) for r in self._all(_EPOCHS, g=gen)]
+        return found if states is None else [e for e in found if e.state in states]
 
     def epoch(self, epoch_id: int, generation: int) -> Epoch | None:
-        row = self.session.get(EpochRow, (self.pipeline, epoch_id, generation))
+        row = self._one(_EPOCH, e=epoch_id, g=generation)
         return _epoch(row) if row is not None else None
 
     def attempt(self, epoch_id: int, generation: int) -> tuple[int, bool]:
@@ -230,7 +270,7 @@ class StoreTx:
     def insert_epoch(self, epoch: Epoch, *, attempt_open: bool = False) -> None:
         """Add an epoch row (a new epoch, or one carried into a new generation)."""
         origin = epoch.written_generation if epoch.written_generation not in (None, epoch.generation) else None
-        self.session.add(EpochRow(
+        self.conn.execute(insert(E).values(
             pipeline=self.pipeline, epoch_id=epoch.epoch_id, generation=epoch.generation, group_id=epoch.group_id,
             start_offset=epoch.start, end_offset=epoch.end, state=epoch.state, attempts=epoch.attempts,
             failures=epoch.failures, crashes=epoch.crashes, attempt_open=attempt_open,
@@ -238,123 +278,113 @@ class StoreTx:
             error=epoch.error, validation=epoch.validation, planned_at=epoch.planned_at or self.now(),
             committed_at=epoch.committed_at, published_at=epoch.published_at, origin_generation=origin))
 
-    def _epoch_row(self, epoch_id: int, generation: int) -> EpochRow:
-        row = self.session.get(EpochRow, (self.pipeline, epoch_id, generation))
+    def _epoch_row(self, epoch_id: int, generation: int) -> Any:
+        row = self._one(_EPOCH, e=epoch_id, g=generation)
         if row is None:
             raise ProtocolError(f"pipeline {self.pipeline!r} has no epoch {epoch_id} in generation {generation}")
         return row
 
     def update_epoch(self, epoch_id: int, generation: int, **changes: Any) -> None:
         """Change fields of an epoch (model field names; ``attempt_open`` too)."""
-        row = self._epoch_row(epoch_id, generation)
-        for key, value in changes.items():
-            setattr(row, _EPOCH_COLUMNS.get(key, key), value)
+        done = self.conn.execute(update(E).where(E.c.pipeline == self.pipeline, E.c.epoch_id == epoch_id,
+                                                 E.c.generation == generation)
+                                 .values(**{_EPOCH_COLUMNS.get(k, k): v for k, v in changes.items()}))
+        if done.rowcount == 0:
+            raise ProtocolError(f"pipeline {self.pipeline!r} has no epoch {epoch_id} in generation {generation}")
 
     def next_offset(self, generation: int) -> int:
         """The first source offset no live epoch of ``generation`` covers."""
-        end = self.session.scalar(select(func.max(EpochRow.end_offset)).where(
-            EpochRow.pipeline == self.pipeline, EpochRow.generation == generation, EpochRow.state != ROLLED_BACK))
-        return end or 0
+        return self._one(_NEXT_OFFSET, g=generation)[0] or 0
 
     # -- groups ----------------------------------------------------------------------------------
 
     def group(self, group_id: int, *, reprocessing: bool = False) -> Group:
-        g = self.session.get(GroupRow, (self.pipeline, group_id))
+        g = self._one(_GROUP, gid=group_id)
         if g is None:
             raise ProtocolError(f"pipeline {self.pipeline!r} has no group {group_id}")
-        rows = self.session.scalars(select(EpochRow).where(EpochRow.pipeline == self.pipeline,
-                                                           EpochRow.group_id == group_id)
-                                    .order_by(EpochRow.epoch_id, EpochRow.generation))
-        latest: dict[int, EpochRow] = {}
-        for r in rows:  # the newest generation of each epoch in the group
+        latest: dict[int, Any] = {}
+        for r in self._all(_GROUP_EPOCHS, gid=group_id):  # the newest generation of each epoch in the group
             latest[r.epoch_id] = r
         return Group(self.pipeline, group_id, g.owner, g.fence, g.state,
                      tuple(_epoch(r) for r in latest.values()), dict(g.plan or {}), reprocessing)
 
     def group_ids(self, *, states: Sequence[str] | None = None, owner: str | None = None) -> list[int]:
-        stmt = select(GroupRow.group_id).where(GroupRow.pipeline == self.pipeline)
+        stmt = select(G.c.group_id).where(G.c.pipeline == self.pipeline)
         if states is not None:
-            stmt = stmt.where(GroupRow.state.in_(list(states)))
+            stmt = stmt.where(G.c.state.in_(list(states)))
         if owner is not None:
-            stmt = stmt.where(GroupRow.owner == owner)
-        return list(self.session.scalars(stmt.order_by(GroupRow.group_id)))
+            stmt = stmt.where(G.c.owner == owner)
+        return [r[0] for r in self.conn.execute(stmt.order_by(G.c.group_id))]
 
     def group_spans(self, states: Sequence[str]) -> list[tuple[int, int, int]]:
         """``(group id, first epoch, last epoch)`` of the groups in ``states``."""
-        return [(g, f, la) for g, f, la in self.session.execute(
-            select(GroupRow.group_id, GroupRow.first_epoch, GroupRow.last_epoch).where(
-                GroupRow.pipeline == self.pipeline, GroupRow.state.in_(list(states))))]
+        return [(g, f, la) for g, f, la in self.conn.execute(
+            select(G.c.group_id, G.c.first_epoch, G.c.last_epoch).where(
+                G.c.pipeline == self.pipeline, G.c.state.in_(list(states))))]
 
     def next_group_id(self) -> int:
-        last = self.session.scalar(select(func.max(GroupRow.group_id)).where(GroupRow.pipeline == self.pipeline))
+        last = self._one(_NEXT_GROUP)[0]
         return 0 if last is None else last + 1
 
     def insert_group(self, group_id: int, *, owner: str, fence: int, first_epoch: int, last_epoch: int,
                      state: str, plan: dict[str, Any], finished: bool = False) -> None:
         now = self.now()
-        self.session.add(GroupRow(pipeline=self.pipeline, group_id=group_id, owner=owner, fence=fence,
-                                  first_epoch=first_epoch, last_epoch=last_epoch, state=state, plan=plan,
-                                  planned_at=now, finished_at=now if finished else None))
+        self.conn.execute(insert(G).values(pipeline=self.pipeline, group_id=group_id, owner=owner, fence=fence,
+                                           first_epoch=first_epoch, last_epoch=last_epoch, state=state, plan=plan,
+                                           planned_at=now, finished_at=now if finished else None))
 
     def update_group(self, group_id: int, **changes: Any) -> None:
-        g = self.session.get(GroupRow, (self.pipeline, group_id))
-        if g is None:
+        done = self.conn.execute(update(G).where(G.c.pipeline == self.pipeline, G.c.group_id == group_id)
+                                 .values(**changes))
+        if done.rowcount == 0:
             raise ProtocolError(f"pipeline {self.pipeline!r} has no group {group_id}")
-        for key, value in changes.items():
-            setattr(g, key, value)
 
     # -- the manifest ----------------------------------------------------------------------------
 
     def manifest_end(self) -> int:
-        last = self.session.scalar(select(func.max(SourceFileRow.position)).where(
-            SourceFileRow.pipeline == self.pipeline))
+        last = self._one(_MANIFEST_END)[0]
         return 0 if last is None else last + 1
 
     def sizes(self, start: int, end: int) -> list[int]:
         """Sizes of the entries ``[start, end)`` in order; a skipped one counts 0."""
-        return [0 if skipped is not None else size for size, skipped in self.session.execute(
-            select(SourceFileRow.size, SourceFileRow.skipped_at).where(
-                SourceFileRow.pipeline == self.pipeline, SourceFileRow.position >= start,
-                SourceFileRow.position < end).order_by(SourceFileRow.position))]
+        return [0 if skipped is not None else size for size, skipped in self.conn.execute(
+            select(F.c.size, F.c.skipped_at).where(F.c.pipeline == self.pipeline, F.c.position >= start,
+                                                   F.c.position < end).order_by(F.c.position))]
 
     def manifest(self, start: int = 0, end: int | None = None) -> list[ManifestEntry]:
-        stmt = select(SourceFileRow).where(SourceFileRow.pipeline == self.pipeline, SourceFileRow.position >= start)
+        stmt = select(F).where(F.c.pipeline == self.pipeline, F.c.position >= start)
         if end is not None:
-            stmt = stmt.where(SourceFileRow.position < end)
-        return [_entry(r) for r in self.session.scalars(stmt.order_by(SourceFileRow.position))]
+            stmt = stmt.where(F.c.position < end)
+        return [_entry(r) for r in self.conn.execute(stmt.order_by(F.c.position))]
 
     def entry(self, path: str) -> ManifestEntry | None:
-        row = self.session.scalars(select(SourceFileRow).where(SourceFileRow.pipeline == self.pipeline,
-                                                               SourceFileRow.path == path)).first()
+        row = self.conn.execute(select(F).where(F.c.pipeline == self.pipeline, F.c.path == path)).first()
         return _entry(row) if row is not None else None
 
     def skip(self, path: str, skip: FileSkip) -> None:
-        row = self.session.scalars(select(SourceFileRow).where(SourceFileRow.pipeline == self.pipeline,
-                                                               SourceFileRow.path == path)).one()
-        if row.skipped_at is None:
-            row.skipped_at, row.skipped_by, row.skip_reason = skip.at, skip.by, skip.reason[:4000]
+        self.conn.execute(update(F).where(F.c.pipeline == self.pipeline, F.c.path == path, F.c.skipped_at.is_(None))
+                          .values(skipped_at=skip.at, skipped_by=skip.by, skip_reason=skip.reason[:4000]))
 
     def forget_files(self) -> None:
         """Drop the manifest (a rebuild replaces what a run registered in the empty store)."""
-        from sqlalchemy import delete
-
-        self.session.execute(delete(SourceFileRow).where(SourceFileRow.pipeline == self.pipeline))
+        self.conn.execute(delete(F).where(F.c.pipeline == self.pipeline))
 
     def add_files(self, files: Sequence[tuple[int, str, int, float]]) -> None:
         """Manifest entries ``(position, path, size, mtime)``, as they are."""
-        now = self.now()
-        for position, path, size, mtime in files:
-            self.session.add(SourceFileRow(pipeline=self.pipeline, position=position, path=path, size=size,
-                                           mtime=mtime, discovered_at=now))
+        if files:
+            now = self.now()
+            self.conn.execute(insert(F), [{"pipeline": self.pipeline, "position": position, "path": path,
+                                           "size": size, "mtime": mtime, "discovered_at": now}
+                                          for position, path, size, mtime in files])
 
     # -- rollbacks -------------------------------------------------------------------------------
 
     def add_rollback(self, generation: int, record: dict[str, Any]) -> None:
-        self.session.add(RollbackRow(pipeline=self.pipeline, generation=generation, record=record,
-                                     recorded_at=self.now()))
+        self.conn.execute(insert(R).values(pipeline=self.pipeline, generation=generation, record=record,
+                                           recorded_at=self.now()))
 
     def flush(self) -> None:
-        self.session.flush()
+        """(Core writes go out at once; kept for the steps that read back what they wrote.)"""
 
 
 # -- the engine --------------------------------------------------------------------------------------
@@ -382,7 +412,7 @@ def _configure_sqlite(engine: Engine) -> None:
 #: pay a schema check. Keyed by process id too: a pool must not cross a fork (the task runner
 #: forks its workers). A SQLite file deleted or replaced since (a lost store, rebuilt) gets a
 #: new engine: the old one would write to the unlinked file.
-_ENGINES: dict[tuple[int, str], tuple[Engine, sessionmaker[Session], sessionmaker[Session], int | None]] = {}
+_ENGINES: dict[tuple[int, str], tuple[Engine, Engine, int | None]] = {}
 _ENGINES_LOCK = threading.Lock()
 
 
@@ -398,12 +428,13 @@ def _inode(path: Path | None) -> int | None:
         return -1
 
 
-def _open(url: str) -> tuple[Engine, sessionmaker[Session], sessionmaker[Session]]:
+def _open(url: str) -> tuple[Engine, Engine]:
+    """The engine of ``url`` (reads), and the same engine for writes (SQLite: BEGIN IMMEDIATE)."""
     key, file = (os.getpid(), url), _sqlite_file(url)
     with _ENGINES_LOCK:
         cached = _ENGINES.get(key)
-        if cached is not None and cached[3] == _inode(file):
-            return cached[0], cached[1], cached[2]
+        if cached is not None and cached[2] == _inode(file):
+            return cached[0], cached[1]
         if cached is not None:
             cached[0].dispose()
         if file is not None:
@@ -416,10 +447,9 @@ def _open(url: str) -> tuple[Engine, sessionmaker[Session], sessionmaker[Session
         if engine.dialect.name == "sqlite":
             _configure_sqlite(engine)
         schema.upgrade(engine)
-        reads = sessionmaker(engine, expire_on_commit=False)
-        writes = sessionmaker(engine.execution_options(sluice_write=True), expire_on_commit=False)
-        _ENGINES[key] = engine, reads, writes, _inode(file)
-        return engine, reads, writes
+        writes = engine.execution_options(sluice_write=True)
+        _ENGINES[key] = engine, writes, _inode(file)
+        return engine, writes
 
 
 def _lock_timeout(exc: OperationalError) -> bool:
@@ -435,28 +465,29 @@ class EpochStore:
 
     def __init__(self, url: str | None = None, *, clock: Callable[[], datetime] | None = None) -> None:
         self.url = url or store_url()
-        self.engine, self._reads, self._writes = _open(self.url)
+        self.engine, self._writer = _open(self.url)
         self._clock = clock
 
     def close(self) -> None:
         """Close the idle pooled connections (the engine stays usable: it opens new ones)."""
         self.engine.dispose()
 
-    def store_now(self, session: Session) -> datetime:
+    def store_now(self, conn: Connection) -> datetime:
+        """The database's clock (Postgres: the server's; SQLite: the host's, through SQLite), or
+        the simulation's."""
         if self._clock is not None:
             return self._clock()
         if self.engine.dialect.name == "postgresql":
-            return session.scalar(text("SELECT timezone('utc', clock_timestamp())"))
-        return utcnow()
+            return conn.execute(text("SELECT timezone('utc', clock_timestamp())")).scalar()
+        return datetime.fromisoformat(conn.execute(text("SELECT strftime('%Y-%m-%d %H:%M:%f', 'now')")).scalar())
 
     @contextmanager
     def transaction(self, pipeline: str, *, write: bool = True, step: str = "tx") -> Iterator[StoreTx]:
         """One transaction on ``pipeline`` (a step boundary): committed when the block ends."""
         boundary.step(f"store.{'w' if write else 'r'}.{step}")
-        sessions = self._writes if write else self._reads
         try:
-            with sessions.begin() as session:
-                yield StoreTx(self, session, pipeline, write)
+            with (self._writer if write else self.engine).begin() as conn:
+                yield StoreTx(self, conn, pipeline, write)
         except OperationalError as exc:
             if _lock_timeout(exc):
                 raise PipelineBusyError(
@@ -520,9 +551,8 @@ class EpochStore:
     def known_files(self, pipeline: str) -> set[tuple[str, int, float]]:
         """``(path, size, mtime)`` of every file in the manifest: what a file source has seen."""
         with self.read(pipeline, "known_files") as tx:
-            return {(p, size, mtime) for p, size, mtime in tx.session.execute(
-                select(SourceFileRow.path, SourceFileRow.size, SourceFileRow.mtime)
-                .where(SourceFileRow.pipeline == pipeline))}
+            return {(p, size, mtime) for p, size, mtime in tx.conn.execute(
+                select(F.c.path, F.c.size, F.c.mtime).where(F.c.pipeline == pipeline))}
 
     def register_files(self, pipeline: str, files: Sequence[tuple[str, int, float]]) -> int:
         """Append newly discovered ``(path, size, mtime)`` files, in the given order, to the
@@ -534,7 +564,7 @@ class EpochStore:
             # Positions are dense: the pipeline's row lock serialises registrations (a sensor's
             # and a planner's) on Postgres, as BEGIN IMMEDIATE does on SQLite.
             tx.state(lock=True)
-            known = set(tx.session.scalars(select(SourceFileRow.path).where(SourceFileRow.pipeline == pipeline)))
+            known = {r[0] for r in tx.conn.execute(select(F.c.path).where(F.c.pipeline == pipeline))}
             position = tx.manifest_end()
             new = []
             for path, size, mtime in files:
@@ -554,27 +584,26 @@ class EpochStore:
         """The entries from position ``start`` on, together with the manifest's ``last`` last
         entries wherever they start, by position: what a backlog poll reads, in one query."""
         with self.read(pipeline, "manifest_tail") as tx:
-            other = aliased(SourceFileRow)  # not correlated with the outer query's rows
-            end = select(func.max(other.position)).where(other.pipeline == pipeline).scalar_subquery()
-            rows = tx.session.scalars(select(SourceFileRow).where(
-                SourceFileRow.pipeline == pipeline,
-                or_(SourceFileRow.position >= start, SourceFileRow.position > end - last),
-            ).order_by(SourceFileRow.position))
+            other = F.alias()  # not correlated with the outer query's rows
+            end = select(func.max(other.c.position)).where(other.c.pipeline == pipeline).scalar_subquery()
+            rows = tx.conn.execute(select(F).where(
+                F.c.pipeline == pipeline, or_(F.c.position >= start, F.c.position > end - last),
+            ).order_by(F.c.position))
             return [_entry(r) for r in rows]
 
     def chunk_ends(self, pipeline: str, prefix: str) -> dict[int, int]:
         """Per key, the highest ``end`` of the manifest's paths ``<prefix><key>/<start>-<end>``
         (integers): a Kafka source's chunks, ``prefix`` ``kafka://<topic>/``, key the partition.
         One aggregate query, however long the manifest; other paths are left out."""
-        path = SourceFileRow.path
+        path = F.c.path
         strpos = func.instr if self.engine.dialect.name == "sqlite" else func.strpos  # same arguments
         rest = func.substr(path, len(prefix) + 1)  # <key>/<start>-<end>
         chunks = select(
             cast(func.substr(rest, 1, strpos(rest, "/") - 1), BigInteger).label("key"),
             cast(func.substr(rest, strpos(rest, "-") + 1), BigInteger).label("end"),
-        ).where(SourceFileRow.pipeline == pipeline, func.substr(path, 1, len(prefix)) == prefix).subquery()
+        ).where(F.c.pipeline == pipeline, func.substr(path, 1, len(prefix)) == prefix).subquery()
         with self.read(pipeline, "chunk_ends") as tx:
-            return {int(key): int(end) for key, end in tx.session.execute(
+            return {int(key): int(end) for key, end in tx.conn.execute(
                 select(chunks.c.key, func.max(chunks.c.end)).group_by(chunks.c.key))}
 
     # -- epochs and groups -----------------------------------------------------------------------
@@ -589,9 +618,8 @@ class EpochStore:
         rolled-back epoch as ``rolled_back`` in the generation that wrote it, an epoch a
         rollback carried forward once, with its current state and ``written_generation``."""
         with self.read(pipeline, "epoch_history") as tx:
-            rows = tx.session.scalars(select(EpochRow).where(EpochRow.pipeline == pipeline)
-                                      .order_by(EpochRow.epoch_id, EpochRow.generation))
-            newest: dict[tuple[int, int], EpochRow] = {}
+            rows = tx.conn.execute(select(E).where(E.c.pipeline == pipeline).order_by(E.c.epoch_id, E.c.generation))
+            newest: dict[tuple[int, int], Any] = {}
             for r in rows:  # a carried copy replaces the row it was copied from
                 newest[(r.epoch_id, r.generation if r.origin_generation is None else r.origin_generation)] = r
             return [_epoch(newest[key]) for key in sorted(newest)]
@@ -607,7 +635,7 @@ class EpochStore:
     def group_plans(self, pipeline: str) -> dict[int, dict[str, Any]]:
         """Each group's plan (sizes, reason, why it started) by group id, in one query."""
         with self.read(pipeline, "group_plans") as tx:
-            rows = tx.session.execute(select(GroupRow.group_id, GroupRow.plan).where(GroupRow.pipeline == pipeline))
+            rows = tx.conn.execute(select(G.c.group_id, G.c.plan).where(G.c.pipeline == pipeline))
             return {group_id: dict(plan or {}) for group_id, plan in rows}
 
     def groups(self, pipeline: str) -> list[Group]:
@@ -625,17 +653,18 @@ class EpochStore:
             ids = tx.group_ids(owner=owner)
             return tx.group(ids[0]) if ids else None
 
-    def start_attempt(self, lease: Lease, epochs: Sequence[Epoch]) -> None:
+    def start_attempt(self, lease: Lease, epochs: Sequence[Epoch]) -> bool:
         """Count an attempt of each epoch, in one transaction; an attempt still open (its
-        process died without a word) counts as a crash."""
+        process died without a word) counts as a crash. Returns whether any epoch of the
+        pipeline was published before."""
         with self.transaction(lease.pipeline, step="start_attempt") as tx:
             tx.check_lease(lease)
+            published = self.knows_in(tx, published=True)
             for epoch in epochs:
                 row = tx._epoch_row(epoch.epoch_id, epoch.generation)
-                if row.attempt_open:
-                    row.crashes = (row.crashes or 0) + 1
-                row.attempts += 1
-                row.attempt_open = True
+                tx.update_epoch(epoch.epoch_id, epoch.generation, attempts=row.attempts + 1, attempt_open=True,
+                                crashes=(row.crashes or 0) + (1 if row.attempt_open else 0))
+            return published
 
     def mark_committed(self, lease: Lease, records: Sequence[tuple[Epoch, dict[str, int | None], dict[str, Any],
                                                                    dict[str, float], dict[str, Any] | None]]) -> None:
@@ -649,13 +678,13 @@ class EpochStore:
             now = tx.now()
             for epoch, versions, rows, timings, validation in records:
                 row = tx._epoch_row(epoch.epoch_id, epoch.generation)
-                row.attempt_open = False
                 if row.state in (COMMITTED, PUBLISHED):
+                    tx.update_epoch(epoch.epoch_id, epoch.generation, attempt_open=False)
                     continue
                 check_transition(row.epoch_id, row.state, COMMITTED)
-                row.state, row.error = COMMITTED, None
-                row.delta_versions, row.rows, row.timings, row.validation = versions, rows, timings, validation
-                row.committed_at = now
+                tx.update_epoch(epoch.epoch_id, epoch.generation, attempt_open=False, state=COMMITTED, error=None,
+                                delta_versions=versions, rows=rows, timings=timings, validation=validation,
+                                committed_at=now)
 
     def mark_failed(self, lease: Lease, epochs: Sequence[Epoch], error: str, *,
                     validation: dict[str, Any] | None = None, rows: dict[str, int] | None = None) -> None:
@@ -665,13 +694,12 @@ class EpochStore:
             for epoch in epochs:
                 row = tx._epoch_row(epoch.epoch_id, epoch.generation)
                 if row.state in (PLANNED, FAILED):
-                    row.state, row.error = FAILED, error[:4000]
-                    row.validation = validation
-                    if row.attempt_open:
-                        row.failures = (row.failures or 0) + 1
-                    row.attempt_open = False
+                    changes: dict[str, Any] = {"state": FAILED, "error": error[:4000], "validation": validation,
+                                               "attempt_open": False,
+                                               "failures": (row.failures or 0) + (1 if row.attempt_open else 0)}
                     if rows is not None:
-                        row.rows = rows
+                        changes["rows"] = rows
+                    tx.update_epoch(epoch.epoch_id, epoch.generation, **changes)
 
     def finish_group(self, lease: Lease, group_id: int) -> Group:
         """Publish a group: its committed epochs become published."""
@@ -693,23 +721,30 @@ class EpochStore:
     def rollbacks(self, pipeline: str) -> list[dict[str, Any]]:
         """The finished rollbacks' records, oldest first."""
         with self.read(pipeline, "rollbacks") as tx:
-            return [dict(r.record) for r in tx.session.scalars(
-                select(RollbackRow).where(RollbackRow.pipeline == pipeline).order_by(RollbackRow.generation))]
+            return [dict(r.record) for r in tx.conn.execute(
+                select(R.c.record).where(R.c.pipeline == pipeline).order_by(R.c.generation))]
 
     def knows(self, pipeline: str, *, published: bool = False) -> bool:
         """Whether the store holds any epoch of ``pipeline``, or was rebuilt for it (``published``:
         any published epoch). A lease taken, or files registered, leave no such history."""
         with self.read(pipeline, "knows") as tx:
-            stmt = select(func.count()).select_from(EpochRow).where(EpochRow.pipeline == pipeline)
-            if published:
-                stmt = stmt.where(EpochRow.state == PUBLISHED)
-            row = tx.session.get(PipelineRow, pipeline)
-            return tx.session.scalar(stmt) > 0 or (row is not None and row.rebuilt_at is not None and not published)
+            return self.knows_in(tx, published=published)
+
+    @staticmethod
+    def knows_in(tx: StoreTx, *, published: bool = False) -> bool:
+        """``knows`` within a transaction."""
+        stmt = select(E.c.epoch_id).where(E.c.pipeline == tx.pipeline)
+        if published:
+            stmt = stmt.where(E.c.state == PUBLISHED)
+        if tx.conn.execute(stmt.limit(1)).first() is not None:
+            return True
+        row = tx._row()
+        return row is not None and row.rebuilt_at is not None and not published
 
     def has_pipeline(self, pipeline: str) -> bool:
         with self.read(pipeline, "has_pipeline") as tx:
-            return tx.session.get(PipelineRow, pipeline) is not None or tx.session.scalar(
-                select(func.count()).select_from(EpochRow).where(EpochRow.pipeline == pipeline)) > 0
+            return tx._row() is not None or tx.conn.execute(
+                select(E.c.epoch_id).where(E.c.pipeline == pipeline).limit(1)).first() is not None
 
     def announce(self, pipeline: str, versions: dict[str, int]) -> None:
         """Acknowledge that Asset events reported every change of these tables up to these
@@ -725,16 +760,14 @@ class EpochStore:
 
     def control_state(self, pipeline: str) -> dict[str, Any] | None:
         with self.read(pipeline, "control_state") as tx:
-            row = tx.session.get(ControlRow, pipeline)
+            row = tx.conn.execute(select(C.c.state).where(C.c.pipeline == pipeline)).first()
             return dict(row.state) if row else None
 
     def save_control_state(self, pipeline: str, state: dict[str, Any]) -> None:
         with self.transaction(pipeline, step="save_control_state") as tx:
-            row = tx.session.get(ControlRow, pipeline)
-            if row is None:
-                tx.session.add(ControlRow(pipeline=pipeline, state=state, updated_at=utcnow()))
-            else:
-                row.state, row.updated_at = state, utcnow()
+            done = tx.conn.execute(update(C).where(C.c.pipeline == pipeline).values(state=state, updated_at=utcnow()))
+            if done.rowcount == 0:
+                tx.conn.execute(insert(C).values(pipeline=pipeline, state=state, updated_at=utcnow()))
 
     def summary(self, pipeline: str) -> dict[str, Any]:
         """Counts by state, contiguity and totals of the current generation, for reports."""

@@ -27,6 +27,7 @@ from typing import Any, Protocol
 
 from sluice.errors import SluiceError
 
+
 class SideFiles(Protocol):
     """Where records are kept: the Delta facade's side files of a table (``Tables``)."""
 
@@ -95,9 +96,13 @@ def write_epoch(tables: SideFiles, table: str | Path, fields: dict[str, Any]) ->
     return Path(table) / relative
 
 
+def rollback_name(generation: int) -> str:
+    return f"g{generation}.json"
+
+
 def write_rollback(tables: SideFiles, table: str | Path, fields: dict[str, Any]) -> Path:
     """Write (or rewrite: idempotent) one rollback's record next to ``table``."""
-    relative = f"{folder(ROLLBACK)}/g{fields['generation']}.json"
+    relative = f"{folder(ROLLBACK)}/{rollback_name(fields['generation'])}"
     tables.put_file(str(table), relative, _body(ROLLBACK, fields))
     return Path(table) / relative
 
