@@ -41,7 +41,8 @@ help:
 	@echo "make backfill DAG=<dag> FROM=<date> TO=<date>  an Airflow backfill, one run at a time"
 	@echo "make rollback PIPELINE=<name> TO_EPOCH=<n> REASON=<why> [RECOMPUTE=false]  trigger sluice_rollback"
 	@echo "make preview-rollback PIPELINE=<name> TO_EPOCH=<n>  recompute into shadow tables, diff (changes nothing)"
-	@echo "make recover PIPELINE=<name>  trigger sluice_recover (rerun failed or unfinished epochs)"
+	@echo "make recover PIPELINE=<name> [WITHDRAW=true]  trigger sluice_recover (rerun failed or unfinished epochs;"
+	@echo "                              WITHDRAW=true first withdraws a recorded rollback whose restores never started)"
 	@echo "make skip-file PIPELINE=<name> FILE=<path> REASON=<why>  skip a gone or unreadable file, recorded"
 	@echo "make cli ARGS='dags list'  any airflow command with this Makefile's environment"
 	@echo "make generate  land more YSB data (RATE=, DURATION=, FILES_PER_SECOND=, SEED=, LATE=, OUT=; TOPIC= for Kafka)"
@@ -206,7 +207,7 @@ preview-rollback: setup
 
 recover: setup
 	@test -n "$(PIPELINE)" || { echo "usage: make recover PIPELINE=<name>"; exit 2; }
-	@$(VENV)/bin/airflow dags trigger sluice_recover --conf '{"pipeline": "$(PIPELINE)"}'
+	@$(VENV)/bin/airflow dags trigger sluice_recover --conf '{"pipeline": "$(PIPELINE)", "withdraw_rollback": $(or $(WITHDRAW),false)}'
 
 skip-file: venv
 	@test -n "$(PIPELINE)" -a -n "$(FILE)" -a -n "$(REASON)" || { \

@@ -1,8 +1,11 @@
 """``make bench-control``: sluice's adaptive control against FPI, FixBI and an oracle in the simulator.
 
-Runs every trace x method for several seeds (noise and Markov path), prints a table of medians and
-writes ``bench/results/control.json`` and ``bench/results/control.png``. Pure Python; a few minutes
-on 2 cores. ``python -m bench.control [--seeds N] [--quick]`` from the repo root with
+Runs every named trace x method for several seeds (noise and Markov path), and a family of
+traces generated from seeds (``bench.simulator.family_member``: shapes x cost models x rates near
+and above capacity, four hours each) against FixBI and the oracle; prints a table of medians and
+writes ``bench/results/control.json`` (the family under the key ``family``, per trace under
+``family_traces``) and ``bench/results/control.png``. Pure Python; a few minutes on 2 cores.
+``python -m bench.control [--seeds N] [--family N]`` from the repo root with
 ``PYTHONPATH=plugins:.``.
 """
 
@@ -10,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 import time
 from concurrent.futures import ProcessPoolExecutor
@@ -31,6 +35,7 @@ from bench.simulator import (
     Workload,
     bursts,
     capacity_cut,
+    family_member,
     markov,
     on_off,
     sinusoid,
@@ -50,6 +55,11 @@ JOIN_LEVELS = (125.0, 219.0, 312.0, 406.0, 500.0)
 FIX_X = (1, 2, 3, 4, 5, 6, 8, 10, 12, 14, 16, 20, 24, 28, 32, 40, 48, 56, 64, 80, 96, 128, 160, 200)
 FIX_K = (1, 2, 3, 4, 6, 8, 12)
 FIX_P = (1, 2, 4, 6, 8, 12, 16)
+#: A static setting whose backlog exceeds this many files counts as unbounded (FixBI skips it);
+#: sluice's backlog beyond it where some static setting stays within is a runaway.
+UNBOUNDED_FILES = 3600
+FAMILY_TRACES = 64
+FAMILY_HOURS = 4.0
 
 
 def traces(seed: int) -> dict[str, tuple[Workload, Trace]]:
@@ -129,19 +139,32 @@ def converge_metric(name: str, run: Run, trace: Trace) -> tuple[float | None, di
 
 
 def fixbi(wl: Workload, trace: Trace, seed: int) -> tuple[Run, tuple[int, int, int]]:
-    """The best static (x, k, partitions) by exhaustive search on this very trace and seed."""
-    sim = Simulator(wl, trace, seed=seed, abort_backlog_files=3600)
+    """The best static (x, k, partitions) by exhaustive search on this very trace and seed.
+
+    Exhaustive, but pruned exactly: a candidate's run stops once its summed latency shows it
+    cannot beat the best so far (``Simulator.run(abort_latency_s=...)``), and the grid is walked
+    from a first guess outwards so the bound is tight early. The result is the grid's minimum."""
+    sim = Simulator(wl, trace, seed=seed, abort_backlog_files=UNBOUNDED_FILES)
+    grid = [(x, k, p) for p in FIX_P for k in FIX_K for x in FIX_X if x * k <= 1000]
+    # a good bound early: static settings near the smallest stable span at the mean rate first
+    mean_rate = float(np.mean(trace.rate(np.arange(0.0, trace.duration_s, 10.0))))
+    grid.sort(key=lambda c: abs(math.log(max(c[0] * c[1], 1) / _span_guess(wl, mean_rate))))
     best: tuple[Run, tuple[int, int, int]] | None = None
-    for p in FIX_P:
-        for k in FIX_K:
-            for x in FIX_X:
-                if x * k > 1000:
-                    continue
-                run = sim.run(Fixed(x, k, p))
-                if not run.aborted and (best is None or run.mean_latency_s < best[0].mean_latency_s):
-                    best = (run, (x, k, p))
+    for x, k, p in grid:
+        run = sim.run(Fixed(x, k, p), abort_latency_s=best[0].mean_latency_s if best else None)
+        if not run.aborted and (best is None or run.mean_latency_s < best[0].mean_latency_s):
+            best = (run, (x, k, p))
     assert best is not None, "no stable static configuration"
     return best
+
+
+def _span_guess(wl: Workload, rate: float) -> float:
+    """Files per group that a static group at ``rate`` needs to keep up (k = 1, P = cores), for
+    the search order only."""
+    for span in FIX_X:
+        if span >= wl.coordination_s + float(wl.epoch_s(span * rate, wl.cores)) + 2.0:
+            return float(span)
+    return float(FIX_X[-1])
 
 
 def run_one(args: tuple[str, int]) -> dict[str, Any]:
@@ -167,6 +190,78 @@ def run_one(args: tuple[str, int]) -> dict[str, Any]:
     if seed == 0:
         out["series"] = {m: [(g["t_fire"], g["mean_latency"], g["backlog_files"], g["epoch_size"] * g["k"])
                              for g in run.groups] for m, run in runs.items()}
+    return out
+
+
+def run_family(seed: int) -> dict[str, Any]:
+    """Family trace ``seed``: sluice (the same settings as on the named traces), the oracle and
+    FixBI (the best static setting on this very trace and seed; ``None`` if none keeps the
+    backlog within ``UNBOUNDED_FILES``). A runaway: sluice's backlog beyond that bound where some
+    static setting stays within it."""
+    m = family_member(seed, FAMILY_HOURS * HOURS)
+    sim = Simulator(m.workload, m.trace, seed=seed)
+    sluice = sim.run(Sluice(group=GroupSizeConfig(k0=3), persist_every=25))
+    oracle = sim.run(Oracle(m.workload))
+    try:
+        fix, cfg = fixbi(m.workload, m.trace, seed)
+    except AssertionError:
+        fix, cfg = None, None
+
+    def row(run: Run) -> dict[str, float]:
+        return {"mean_latency_s": run.mean_latency_s, "p95_latency_s": run.p95_latency_s,
+                "max_backlog_files": run.max_backlog_files, "groups": len(run.groups)}
+
+    out: dict[str, Any] = {
+        "seed": seed, "trace": m.name, "shape": m.shape, "cost": m.cost, "load": round(m.load, 3),
+        "capacity_rps": round(m.capacity_rps, 1), "coordination_s": round(m.workload.coordination_s, 1),
+        "sluice": row(sluice), "oracle": row(oracle), "fixbi": None,
+        "vs_oracle": sluice.mean_latency_s / oracle.mean_latency_s,
+        "bounded_static": fix is not None,
+        "runaway": fix is not None and sluice.max_backlog_files > UNBOUNDED_FILES,
+    }
+    if fix is not None and cfg is not None:
+        out["fixbi"] = {**row(fix), "config": {"epoch_files": cfg[0], "k": cfg[1], "partitions": cfg[2]}}
+        out["vs_fixbi"] = sluice.mean_latency_s / fix.mean_latency_s
+    return out
+
+
+def _spread(values: list[float]) -> dict[str, float]:
+    return {"median": round(float(np.median(values)), 4), "p90": round(float(np.quantile(values, 0.9)), 4),
+            "max": round(float(np.max(values)), 4)} if values else {"median": None, "p90": None, "max": None}
+
+
+def summarise_family(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """The family's figures: sluice's mean latency against FixBI (on the traces where some static
+    setting is bounded) and against the oracle, as median, p90 and max over the traces."""
+    rows = sorted(rows, key=lambda r: r["seed"])
+    bounded = [r for r in rows if r["bounded_static"]]
+    vs_fixbi = [r["vs_fixbi"] for r in bounded]
+    vs_oracle = [r["vs_oracle"] for r in rows]
+    backlog = [r["sluice"]["max_backlog_files"] / max(r["fixbi"]["max_backlog_files"], 1) for r in bounded]
+    return {
+        "traces": len(rows), "fixbi": _spread(vs_fixbi), "oracle": _spread(vs_oracle),
+        "runaway": sum(r["runaway"] for r in rows),
+        "bounded_static": len(bounded),
+        "max_backlog_vs_fixbi": _spread(backlog),
+        "hours": FAMILY_HOURS, "seeds": [r["seed"] for r in rows],
+        "unbounded_files": UNBOUNDED_FILES,
+        "by_cost": {c: _spread([r["vs_fixbi"] for r in bounded if r["cost"] == c])
+                    for c in sorted({r["cost"] for r in rows})},
+        "by_shape": {sh: _spread([r["vs_fixbi"] for r in bounded if r["shape"] == sh])
+                     for sh in sorted({r["shape"] for r in rows})},
+    }
+
+
+def family_goals(fam: dict[str, Any]) -> dict[str, Any]:
+    """Issue 36's bar on the family."""
+    out: dict[str, Any] = {}
+    for key, stat, bound in (("fixbi", "median", 1.05), ("fixbi", "p90", 1.15), ("fixbi", "max", 1.25),
+                             ("oracle", "median", 1.10)):
+        value = fam[key][stat]
+        name = "FixBI" if key == "fixbi" else "the oracle"
+        out[f"family: {stat} mean latency <= {bound:.2f}x {name}"] = {
+            "measured": value, "met": value is not None and value <= bound}
+    out["family: no runaway"] = {"measured": fam["runaway"], "met": fam["runaway"] == 0}
     return out
 
 
@@ -232,8 +327,11 @@ def plot(summary: dict[str, Any], series: dict[str, Any], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig = plt.figure(figsize=(15, 9))
-    ax = fig.add_subplot(2, 1, 1)
+    family = summary.get("family_traces") or []
+    rows = 3 if family else 2
+    fig = plt.figure(figsize=(15, 4.5 * rows))
+    grid = fig.add_gridspec(rows, 6)
+    ax = fig.add_subplot(grid[0, :])
     names = list(summary["traces"])
     width = 0.2
     for i, m in enumerate(METHODS):
@@ -246,7 +344,7 @@ def plot(summary: dict[str, Any], series: dict[str, Any], path: Path) -> None:
     panels = (("step_recurring", 1, "group mean latency (s)"), ("capacity_cut", 2, "backlog at group start (files)"),
               ("sinusoid_join", 3, "group span (files)"))
     for j, (name, col, label) in enumerate(panels):
-        ax = fig.add_subplot(2, 3, 4 + j)
+        ax = fig.add_subplot(grid[1, 2 * j:2 * j + 2])
         for m in ("sluice", "fpi", "oracle"):
             s = np.array(series[name][m])
             ax.plot(s[:, 0] / HOURS, s[:, col], lw=0.8, label=m)
@@ -254,39 +352,92 @@ def plot(summary: dict[str, Any], series: dict[str, Any], path: Path) -> None:
         ax.set_xlabel("hours")
         ax.set_ylabel(label)
         ax.legend(fontsize=8)
+    if family:
+        plot_family(fig.add_subplot(grid[2, :3]), fig.add_subplot(grid[2, 3:]), summary["family"], family)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def plot_family(ax: Any, by_cost: Any, fam: dict[str, Any], traces: list[dict[str, Any]]) -> None:
+    """The family's distribution: sluice's mean latency over FixBI's and over the oracle's per
+    trace (sorted, so the curve reads as a distribution), and over FixBI's per cost model."""
+    from matplotlib.ticker import FixedLocator, NullFormatter, ScalarFormatter
+
+    def ratio_axis(axis: Any) -> None:
+        axis.set_yscale("log")
+        axis.yaxis.set_major_locator(FixedLocator([0.5, 0.75, 1.0, 1.25, 1.5, 2.0, 3.0, 4.0, 6.0]))
+        axis.yaxis.set_major_formatter(ScalarFormatter())
+        axis.yaxis.set_minor_formatter(NullFormatter())
+
+    for key, label in (("vs_fixbi", "sluice / FixBI"), ("vs_oracle", "sluice / oracle")):
+        values = np.sort([t[key] for t in traces if key in t])
+        ax.step(np.arange(1, len(values) + 1) / len(values), values, where="post", label=label)
+    for bound, style in ((1.05, ":"), (1.25, "--")):
+        ax.axhline(bound, color="grey", linestyle=style, lw=0.8)
+    ratio_axis(ax)
+    ax.set_xlabel("fraction of traces")
+    ax.set_ylabel("mean latency ratio")
+    f = fam["fixbi"]
+    ax.set_title(f"family of {fam['traces']} traces: vs FixBI median {f['median']:.2f}, p90 {f['p90']:.2f}, "
+                 f"max {f['max']:.2f}; runaways {fam['runaway']}", fontsize=10)
+    ax.legend(fontsize=8)
+    ax = by_cost
+    costs = sorted({t["cost"] for t in traces})
+    for i, cost in enumerate(costs):
+        values = [t["vs_fixbi"] for t in traces if t["cost"] == cost and "vs_fixbi" in t]
+        ax.scatter(np.full(len(values), i) + np.linspace(-0.2, 0.2, len(values)), values, s=12)
+    ax.axhline(1.0, color="grey", lw=0.8)
+    ax.set_xticks(np.arange(len(costs)), costs)
+    ratio_axis(ax)
+    ax.set_ylabel("sluice / FixBI mean latency")
+    ax.set_title("per cost model (each dot a trace)", fontsize=10)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--seeds", type=int, default=3)
     ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--family", type=int, default=FAMILY_TRACES, help="traces of the seeded family (0: none)")
+    ap.add_argument("--out", type=Path, default=RESULTS, help="where control.json and control.png go")
     args = ap.parse_args()
     started = time.time()
     jobs = [(name, seed) for seed in range(args.seeds) for name in traces(seed)]
     with ProcessPoolExecutor(args.workers) as pool:
-        results = list(pool.map(run_one, jobs))
+        named = pool.map(run_one, jobs)  # the longest jobs (eight-hour traces) first
+        family = list(pool.map(run_family, range(args.family)))
+        results = list(named)
     summary = summarise(results, args.seeds)
     series = {r["trace"]: r["series"] for r in results if r["seed"] == 0}
     summary["goals"] = goals(summary)
+    if family:
+        summary["family"] = summarise_family(family)
+        summary["family_traces"] = sorted(family, key=lambda r: r["seed"])
+        summary["goals"].update(family_goals(summary["family"]))
     summary["fixbi_configs"] = {n: [r["config"] for r in summary["per_seed"][n]["fixbi"]] for n in summary["traces"]}
     summary["model"] = {"unit": "epoch size in files (1 file/s), rates in records/s",
                         "reduce": REDUCE.__dict__, "join": JOIN.__dict__}
     summary["elapsed_s"] = round(time.time() - started, 1)
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "control.json").write_text(json.dumps(summary, indent=1, default=float) + "\n")
-    plot(summary, series, RESULTS / "control.png")
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "control.json").write_text(json.dumps(summary, indent=1, default=float) + "\n")
+    plot(summary, series, args.out / "control.png")
     print(f"{'trace':16} {'method':7} {'mean_s':>8} {'p95_s':>8} {'busy_s':>8} {'conv':>6}")
     for name, row in summary["traces"].items():
         for m in METHODS:
             v = row[m]
             conv = "-" if v["groups_to_converge"] is None else f"{v['groups_to_converge']:.0f}"
             print(f"{name:16} {m:7} {v['mean_latency_s']:8.1f} {v['p95_latency_s']:8.1f} {v['busy_s']:8.0f} {conv:>6}")
+    if family:
+        fam = summary["family"]
+        print(f"family of {fam['traces']} traces ({fam['bounded_static']} with a bounded static setting): "
+              f"sluice / FixBI median {fam['fixbi']['median']}, p90 {fam['fixbi']['p90']}, max {fam['fixbi']['max']}; "
+              f"/ oracle median {fam['oracle']['median']}, p90 {fam['oracle']['p90']}, max {fam['oracle']['max']}; "
+              f"runaways {fam['runaway']}")
+        worst = sorted((r for r in family if "vs_fixbi" in r), key=lambda r: -r["vs_fixbi"])[:5]
+        print("  worst: " + ", ".join(f"{r['trace']} {r['vs_fixbi']:.2f}" for r in worst))
     for goal, res in summary["goals"].items():
         print(f"{'MET ' if res['met'] else 'MISS'} {goal}: {res['measured']}")
-    print(f"wrote {RESULTS / 'control.json'} and control.png in {summary['elapsed_s']} s")
+    print(f"wrote {args.out / 'control.json'} and control.png in {summary['elapsed_s']} s")
 
 
 if __name__ == "__main__":

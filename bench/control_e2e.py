@@ -3,13 +3,20 @@ trigger's decision (``sluice.adaptive.decide``) starts each group as its own run
 application (``sluice run-group``, a fresh JVM each time, as under Airflow), and the epoch
 log gives epoch size, k, partitions and freshness per group.
 
-    python -m bench.control_e2e [--duration 720] [--period 360] [--mean-rate 1500]
-                                [--burst-at 480] [--burst-s 30] [--burst-factor 3]
+    python -m bench.control_e2e [--workload ysb|join] [--duration 720] [--period 360]
+                                [--mean-rate 1500] [--burst-at 480] [--burst-s 30] [--burst-factor 3]
+
+``--workload join`` runs a transform whose cost grows with the square of the epoch
+(``jobs/transforms/ysb_join.py``: a band self-join of the epoch's views per campaign) instead
+of YSB's aggregation, and writes ``control_e2e_join.*``.
 
 On top of the sinusoid, a burst: ``--burst-factor`` times the rate for ``--burst-s`` seconds
 from ``--burst-at`` (``--burst-s 0``: none). The goals read off the summary: the first group's
-freshness within the SLA (``first_group_within_sla``), and after the first 2 groups at most 1
-group in 20 over it (``sla_violations_after_warmup``, ``sla_violation_rate_after_warmup``).
+freshness within the SLA (``first_group_within_sla``), after the first 2 groups at most 1
+group in 20 over it (``sla_violations_after_warmup``, ``sla_violation_rate_after_warmup``), and
+for the burst (``burst``): no group's application over 3x the median group's
+(``max_group_wall_over_median``), and the SLA held again within 5 groups after the burst ends
+(``groups_until_sla_after_burst``).
 
 Writes ``bench/results/control_e2e.json`` and ``control_e2e.png``. Airflow's own scheduling
 delay (a few seconds per group) is not in this loop; the Spark application start is.
@@ -39,19 +46,28 @@ RESULTS = ROOT / "bench" / "results"
 WORK = ROOT / "var" / "bench" / "control_e2e"
 NAME = "bench_control_e2e"
 WARMUP_GROUPS = 2  # the goal counts SLA misses after these
+BURST_WALL_RATIO = 3.0  # no group's application over this many times the median group's
+BURST_RECOVERY_GROUPS = 5  # the SLA holds again within this many groups after the burst
 
 
-def configure() -> None:
+def configure(workload: str = "ysb") -> str:
     """An isolated data folder, store and pipelines folder (set before sluice is imported) and
-    the benchmark's pipeline spec."""
-    bench_configure("control_e2e")  # == WORK
+    the benchmark's pipeline spec; returns the pipeline's name. ``join``: the same source and
+    control settings, the superlinear transform, an append sink."""
+    name = NAME if workload == "ysb" else f"{NAME}_{workload}"
+    work = bench_configure(name.removeprefix("bench_"))
     raw = yaml.safe_load((ROOT / "include" / "pipelines" / "ysb.yaml").read_text())
-    raw.update(name=NAME, description="adaptive-control end-to-end benchmark")
+    raw.update(name=name, description=f"adaptive-control end-to-end benchmark ({workload})")
     raw["source"]["path"] = "${SLUICE_DATA_DIR}/landing"
     raw["sinks"][0]["path"] = "${SLUICE_DATA_DIR}/tables/campaign_views"
+    if workload == "join":
+        raw["transform"] = "ysb_join.campaign_coviews"
+        raw["sinks"] = [{"name": "campaign_coviews", "mode": "append",
+                         "path": "${SLUICE_DATA_DIR}/tables/campaign_coviews"}]
     raw["control"].update(adaptive=True, epoch_files=4, group_epochs=2, freshness_sla_s=60, poll_interval_s=2)
     raw["spark"]["mode"] = "in_process"
-    (WORK / "pipelines" / f"{NAME}.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
+    (work / "pipelines" / f"{name}.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
+    return name
 
 
 @dataclass(frozen=True)
@@ -96,14 +112,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--burst-factor", type=float, default=3, help="rate multiplier during the burst")
     parser.add_argument("--connect", action="store_true",
                         help="every group a client of one warm Spark Connect server (control_e2e_connect.*)")
+    parser.add_argument("--workload", choices=("ysb", "join"), default="ysb",
+                        help="join: a transform whose cost grows with the square of the epoch (control_e2e_join.*)")
     args = parser.parse_args(argv)
     burst = Burst(args.burst_at, args.burst_s, args.burst_factor)
-    configure()
+    pipeline = configure(args.workload)
     from sluice.sources import FileSource
     from sluice.spec import get_spec
     from sluice.store import EpochStore
 
-    spec = get_spec(NAME)
+    spec = get_spec(pipeline)
     spec.landing_dir.mkdir(parents=True, exist_ok=True)
     store = EpochStore()
     source = FileSource(spec, store)
@@ -111,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.connect:
         from bench.overhead import start_connect_server
 
-        server, env["SLUICE_SPARK_REMOTE"] = start_connect_server(WORK)
+        server, env["SLUICE_SPARK_REMOTE"] = start_connect_server(WORK.parent / pipeline.removeprefix("bench_"))
     stop, sent = threading.Event(), []
     lander = threading.Thread(target=land, args=(spec.landing_dir, stop, args.duration, args.period,
                                                  args.mean_rate, burst, sent), daemon=True)
@@ -127,7 +145,9 @@ def main(argv: list[str] | None = None) -> int:
             server.wait(timeout=60)
     result = summarise(spec, store, groups, started, args)
     result["config"]["spark"] = "a warm Spark Connect server" if args.connect else "a JVM per group"
-    name = "control_e2e_connect" if args.connect else "control_e2e"
+    result["config"]["workload"] = args.workload
+    name = "".join(("control_e2e", "" if args.workload == "ysb" else f"_{args.workload}",
+                    "_connect" if args.connect else ""))
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / f"{name}.json").write_text(json.dumps(result, indent=2))
     plot(result, RESULTS / f"{name}.png")
@@ -151,7 +171,7 @@ def run_groups(spec: Any, store: Any, source: Any, lander: threading.Thread, sta
             continue
         plan = dict(verdict.plan(), fired_at=time.time())
         t0 = time.time()
-        proc = subprocess.run([sys.executable, str(RUN_GROUP_APP), "--pipeline", NAME, "--plan",
+        proc = subprocess.run([sys.executable, str(RUN_GROUP_APP), "--pipeline", spec.name, "--plan",
                                "--epoch-size", str(plan["epoch_size"]), "-k", str(plan["k"]),
                                "--plan-extra", json.dumps(plan)], capture_output=True, text=True, env=env)
         if proc.returncode != 0:
@@ -202,7 +222,32 @@ def summarise(spec, store, groups: list[dict], started: float, args: argparse.Na
                         "sla_violations_after_warmup": late,
                         "sla_violation_rate_after_warmup": round(late / len(after), 4) if after else None,
                         "goal_met": bool(rows) and (rows[0]["max_latency_s"] or 0) <= sla
-                        and bool(after) and late / len(after) <= 1 / 20}}
+                        and bool(after) and late / len(after) <= 1 / 20},
+            "burst": burst_summary(rows, args.burst_at + args.burst_s if args.burst_s > 0 else None, sla)}
+
+
+def burst_summary(rows: list[dict[str, Any]], burst_end_s: float | None, sla: float) -> dict[str, Any]:
+    """What a burst did to the groups: the largest group's application against the median
+    group's (``max_group_wall_over_median``, goal <= ``BURST_WALL_RATIO``: catch-up in more
+    epochs of an efficient size, never one long group), and how many groups after the burst
+    ended until one met the SLA again (``groups_until_sla_after_burst``, 1 = the first; goal <=
+    ``BURST_RECOVERY_GROUPS``)."""
+    walls = sorted(r["app_s"] for r in rows if r.get("app_s") is not None)
+    if not walls:
+        return {}
+    median = walls[len(walls) // 2]
+    out: dict[str, Any] = {"median_group_wall_s": median, "max_group_wall_s": walls[-1],
+                           "max_group_wall_over_median": round(walls[-1] / median, 3),
+                           "groups_over_3x_median_wall": sum(w > BURST_WALL_RATIO * median for w in walls)}
+    recovered = None
+    if burst_end_s is not None:
+        after = [r for r in rows if r.get("at_s") is not None and r["at_s"] >= burst_end_s]
+        recovered = next((i + 1 for i, r in enumerate(after) if (r["max_latency_s"] or 0) <= sla), None)
+        out.update(burst_end_s=burst_end_s, groups_after_burst=len(after))
+    out["groups_until_sla_after_burst"] = recovered
+    out["goal_met"] = (walls[-1] <= BURST_WALL_RATIO * median
+                       and (burst_end_s is None or (recovered is not None and recovered <= BURST_RECOVERY_GROUPS)))
+    return out
 
 
 def plot(result: dict, path: Path) -> None:
@@ -230,7 +275,9 @@ def plot(result: dict, path: Path) -> None:
     axes[3].set_ylabel("freshness latency (s)")
     axes[3].set_xlabel("seconds since the first arrival (group start)")
     axes[3].legend()
-    fig.suptitle(f"sluice adaptive control on Spark ({cfg.get('spark', 'a JVM per group')}): YSB at a sinusoidal rate")
+    what = "YSB" if cfg.get("workload", "ysb") == "ysb" else "a YSB band self-join (cost ~ epoch^2)"
+    fig.suptitle(f"sluice adaptive control on Spark ({cfg.get('spark', 'a JVM per group')}): {what} at a "
+                 f"sinusoidal rate with a {cfg['burst']['factor']:g}x burst")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 

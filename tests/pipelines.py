@@ -23,6 +23,7 @@ def make_pipeline(name: str, base: str = "ysb", tables: str | None = None, **ove
     raw["name"] = name
     if raw["source"].get("type", "files") == "files":
         raw["source"]["path"] = f"${{SLUICE_DATA_DIR}}/{name}/landing"
+        raw["source"]["settle_s"] = 0  # land() renames files into place: they are whole at once
     for sink in raw["sinks"]:
         sink["path"] = (f"{tables}/{name}_{sink['name']}" if tables
                         else f"${{SLUICE_DATA_DIR}}/{name}/tables/{sink['name']}")

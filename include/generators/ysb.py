@@ -126,7 +126,13 @@ def produce(bootstrap: str, topic: str, *, partitions: int = 3, rate: float = 10
     if topic not in admin.list_topics(timeout=15).topics:
         for future in admin.create_topics([NewTopic(topic, partitions, 1)]).values():
             future.result()
-    n_partitions = len(admin.list_topics(topic, timeout=15).topics[topic].partitions)
+    # A topic just created can be listed before its partitions' leaders are known (its metadata
+    # then shows no partitions): ask again until they are, rather than send to partition 0 of 0.
+    deadline = time.monotonic() + 30
+    while not (n_partitions := len(admin.list_topics(topic, timeout=15).topics[topic].partitions)):
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"topic {topic!r} on {bootstrap} still lists no partitions after 30 s")
+        time.sleep(0.2)
     producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20, "enable.idempotence": True})
     sent = 0
     for lines in event_batches(rate=rate, duration=duration, files_per_second=files_per_second, seed=seed,

@@ -55,8 +55,8 @@ class StartReason:
                     f"{self.predicted_wall_s:.0f} s: waiting longer would break the {self.freshness_sla_s:.0f} s "
                     f"freshness SLA (objective {self.objective})")
         if self.rule == "drain":
-            return (f"arrivals stopped or paused: the whole backlog ({files} files) in one group, without waiting "
-                    f"for a larger one")
+            return (f"arrivals stopped or paused: the whole backlog ({files} files) starts at once, in epochs of an "
+                    f"efficient size, without waiting for a larger group")
         if self.rule == "full group":
             return f"the backlog ({files} files) fills the largest group the memory budget allows; waiting adds nothing"
         if self.rule == "scheduled":
@@ -154,15 +154,18 @@ def arrivals_paused(spec: PipelineSpec, mtimes: list[float], file_rate: float, n
 
 
 def decide(spec: PipelineSpec, store: EpochStore, backlog_files: int, oldest_age_s: float | None,
-           mtimes: list[float], *, continuous: bool = True) -> Verdict:
+           mtimes: list[float], *, continuous: bool = True, backlog_records: int | None = None) -> Verdict:
     """Plan the next group and say whether to start it now. Under ``control.objective: latency``
     the backlog makes the planned group whole ("efficient group"), or waiting longer would break
     the freshness SLA ("freshness"); under ``cost`` only the SLA (or a backlog that fills the
     largest group) starts it, and it takes the whole backlog (``deadline_plan``). A scheduled
-    (cron) run takes whatever is there ("scheduled")."""
+    (cron) run takes whatever is there ("scheduled"). ``backlog_records``: what the backlog holds
+    (a Kafka source's lag), which sizes its epochs when it holds more per file than the rate says."""
     rate_rps, file_rate = arrival_rates(spec, store, mtimes)
     state = load_state(spec, store)
-    decision = plan_next(state, Observation(rate_rps, file_rate, backlog_files))
+    decision = plan_next(state, Observation(rate_rps, file_rate, backlog_files,
+                                            freshness_sla_s=spec.control.freshness_sla_s,
+                                            backlog_records=backlog_records))
     fire: str | None = None
     if not spec.control.adaptive:
         # the controllers' prior fixed cost sizes adaptive groups; fixed sizes predict from measurements only
@@ -171,7 +174,7 @@ def decide(spec: PipelineSpec, store: EpochStore, backlog_files: int, oldest_age
                             "fixed sizes (control.adaptive: false)", wall)
         fire = fire_reason(decision, backlog_files, oldest_age_s or 0.0, spec.control.freshness_sla_s)
     elif spec.control.objective == "cost":
-        largest = max_epoch_files(spec, store, state)
+        largest = efficient_epoch_files(spec, store, state)
         decision, fire = deadline_plan(
             backlog_files, oldest_age_s or 0.0, spec.control.freshness_sla_s, max_epoch_files=largest,
             max_k=min(spec.control.max_group_epochs, state.epoch.epochs_in_memory(largest, largest)),
@@ -180,7 +183,7 @@ def decide(spec: PipelineSpec, store: EpochStore, backlog_files: int, oldest_age
             lead_s=spec.control.poll_interval_s + state.epoch.config.margin_s)
     elif backlog_files > 0 and (rate_rps == 0 or arrivals_paused(spec, mtimes, file_rate)):
         decision = drain_decision(spec, store, state, backlog_files, decision)
-        fire = "drain"  # the group is the whole backlog, and waiting adds nothing to it
+        fire = "drain"  # waiting adds nothing to the backlog
     else:
         fire = fire_reason(decision, backlog_files, oldest_age_s or 0.0, spec.control.freshness_sla_s)
     if not continuous:
@@ -197,16 +200,33 @@ def max_epoch_files(spec: PipelineSpec, store: EpochStore, state: ControlState) 
     return max(1, int(state.epoch.max_records() / per_file)) if per_file else spec.control.epoch_files
 
 
-def drain_decision(spec: PipelineSpec, store: EpochStore, state: ControlState, backlog_files: int,
-                   idle: Decision) -> Decision:
-    """Nothing arrives any more (or arrivals paused) but a backlog waits: one group for all of
-    it, in epochs as large as the memory budget allows (no arrival rate to size them against)."""
+def efficient_epoch_files(spec: PipelineSpec, store: EpochStore, state: ControlState) -> int:
+    """The largest epoch in files that is neither over the memory budget nor in the steep part
+    of the measured cost curve (``EpochSizeController.size_limit_records``)."""
     largest = max_epoch_files(spec, store, state)
-    epoch_size = min(backlog_files, largest)
+    per_file = records_per_file(spec, store)
+    limit = state.epoch.size_limit_records()
+    if per_file and math.isfinite(limit):
+        largest = min(largest, max(1, int(limit / per_file)))
+    return largest
+
+
+def drain_decision(spec: PipelineSpec, store: EpochStore, state: ControlState, backlog_files: int,
+                   planned: Decision) -> Decision:
+    """Nothing arrives any more (or arrivals paused) but a backlog waits: start at once and take
+    it in more epochs of the controllers' efficient size (``planned``, already within the steep
+    and memory bounds), as many as the backlog holds, the memory budget allows and the freshness
+    SLA bounds the group's predicted wall; never one larger epoch."""
+    epoch_size = max(1, min(backlog_files, planned.epoch_size))
+    fixed = state.epoch.fixed_cost(state.group.coordination_s)
+    per_epoch = max(0.0, (planned.predicted_wall_s - fixed) / planned.k) if planned.k else 0.0
     k = min(math.ceil(backlog_files / epoch_size), spec.control.max_group_epochs,
-            state.epoch.epochs_in_memory(epoch_size, largest))
-    return Decision(epoch_size, k, idle.partitions, "arrivals stopped or paused: the whole backlog in one group",
-                    idle.predicted_wall_s)
+            state.epoch.epochs_in_memory(epoch_size, max_epoch_files(spec, store, state)))
+    if per_epoch > 0:
+        k = max(1, min(k, int((spec.control.freshness_sla_s - fixed) // per_epoch)))
+    return Decision(epoch_size, k, planned.partitions,
+                    f"arrivals stopped or paused: the backlog in epochs of an efficient size ({planned.reason})",
+                    fixed + k * per_epoch if per_epoch > 0 else planned.predicted_wall_s)
 
 
 def record_group(spec: PipelineSpec, store: EpochStore, group: Group, now: float | None = None) -> str | None:
@@ -223,6 +243,7 @@ def record_group(spec: PipelineSpec, store: EpochStore, group: Group, now: float
     state = load_state(spec, store)
     records = [e.rows.get("input") for e in epochs]
     result = GroupResult(group_id=group.group_id, epoch_files=tuple(e.end - e.start for e in epochs),
+                         predicted_wall_s=float(plan.get("predicted_wall_s") or 0.0),
                          epoch_s=tuple(epoch_s), coordination_s=wall - sum(epoch_s),
                          partitions=int(plan.get("partitions") or state.epoch.config.initial_partitions),
                          rate_rps=float(plan["rate_rps"]), file_rate=float(plan["file_rate"]),

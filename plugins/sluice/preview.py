@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import shutil
 import time
 import uuid
@@ -32,7 +33,7 @@ from pyspark.sql import DataFrame, SparkSession
 
 from sluice.errors import SluiceError
 from sluice.paths import data_dir
-from sluice.spec import PipelineSpec, SinkSpec
+from sluice.spec import NAME, PipelineSpec, SinkSpec
 from sluice.store import EpochStore
 
 log = logging.getLogger(__name__)
@@ -88,7 +89,24 @@ class ShadowPreview:
 
 
 def previews_dir(pipeline: str) -> Path:
+    if not re.match(NAME, pipeline):  # a name from a URL or a report: never a path
+        raise SluiceError(f"{pipeline!r} is not a pipeline name")
     return data_dir() / "previews" / pipeline
+
+
+def preview_folder(pipeline: str, preview_id: str) -> Path:
+    """The folder of one preview's shadow tables: always a child of the pipeline's previews
+    folder, whatever the id holds (an Airflow run id, or an id read back from a report)."""
+    return previews_dir(pipeline) / safe_id(preview_id)
+
+
+def remove_preview(pipeline: str, folder: Path) -> None:
+    """Delete a preview's folder; refused (``SluiceError``) unless it is a child of the
+    pipeline's previews folder, resolved (no ``..``), and not a symbolic link."""
+    root = previews_dir(pipeline)
+    if folder.is_symlink() or folder.resolve().parent != root.resolve():
+        raise SluiceError(f"pipeline {pipeline!r}: {folder} is not a preview's folder under {root}: not deleted")
+    shutil.rmtree(folder, ignore_errors=True)
 
 
 def saved_previews(pipeline: str) -> list[dict[str, Any]]:
@@ -113,9 +131,11 @@ def shadow_preview(spec: PipelineSpec, store: EpochStore, spark: SparkSession, t
     from sluice.protocol.tables import PipelineTable
 
     started = time.monotonic()
-    report = ShadowPreview(spec.name, safe_id(preview_id or time.strftime("%Y%m%dT%H%M%S") + "-"
-                                              + uuid.uuid4().hex[:6]), to_epoch, time.time())
-    folder = previews_dir(spec.name) / report.preview_id
+    # The report keeps the id as given (the console finds a run's preview by its run id); only
+    # the folder and file names are made safe (preview_folder).
+    report = ShadowPreview(spec.name, preview_id or time.strftime("%Y%m%dT%H%M%S") + "-" + uuid.uuid4().hex[:6],
+                           to_epoch, time.time())
+    folder = preview_folder(spec.name, report.preview_id)
     tables = SparkTables(spark)
     runtime = Runtime(tables, lambda s, st, t: SparkCompute(s, st, spark, tables))
     try:
@@ -137,7 +157,7 @@ def shadow_preview(spec: PipelineSpec, store: EpochStore, spark: SparkSession, t
 
         # 2. Shadow tables as the rollback would leave them before its recompute (a cleared
         # task's rerun has the same id: it starts afresh).
-        shutil.rmtree(folder, ignore_errors=True)
+        remove_preview(spec.name, folder)
         shadow = shadow_spec(spec, folder)
         restored: dict[str, int] = {}
         published: dict[str, int | None] = {}
@@ -189,8 +209,6 @@ def shadow_preview(spec: PipelineSpec, store: EpochStore, spark: SparkSession, t
 def safe_id(preview_id: str) -> str:
     """A preview id usable as one folder name: an Airflow run id may hold ``:``, ``+``, ``/``
     or ``..``; only letters, digits, ``-`` and ``_`` are kept (the others become ``_``)."""
-    import re
-
     return re.sub(r"[^A-Za-z0-9_-]", "_", preview_id)[:200] or "preview"
 
 
@@ -261,12 +279,16 @@ def _save(report: ShadowPreview, folder: Path) -> None:
     """The report beside its shadow tables; the previews before the last ``KEEP`` are deleted."""
     root = folder.parent
     root.mkdir(parents=True, exist_ok=True)
-    partial = root / f".{report.preview_id}.json.partial"
+    partial = root / f".{folder.name}.json.partial"
     partial.write_text(json.dumps(report.as_dict(), indent=1, default=str))
-    partial.replace(root / f"{report.preview_id}.json")  # whole or not at all for the console's reader
-    for old in saved_previews(report.pipeline)[KEEP:]:
-        (root / f"{old['preview_id']}.json").unlink(missing_ok=True)
-        shutil.rmtree(root / str(old["preview_id"]), ignore_errors=True)
+    partial.replace(root / f"{folder.name}.json")  # whole or not at all for the console's reader
+    for old in saved_previews(report.pipeline)[KEEP:]:  # ids read back from files: sanitised again
+        folder = preview_folder(report.pipeline, str(old.get("preview_id")))
+        folder.with_name(f"{folder.name}.json").unlink(missing_ok=True)
+        try:
+            remove_preview(report.pipeline, folder)
+        except SluiceError as exc:  # this preview's report is saved: pruning an old one may fail
+            log.warning("%s", exc)
     log.info("pipeline %s: shadow preview of a rollback to epoch %s: %s", report.pipeline, report.to_epoch,
              "; ".join(f"{s.sink}: +{s.added} -{s.removed} ~{s.changed}" for s in report.sinks) or
              "; ".join(report.problems + report.notes))

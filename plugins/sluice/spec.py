@@ -74,6 +74,10 @@ class SourceSpec(_RecordsSpec):
     format: Literal["json", "csv", "parquet"] = Field("json", description="JSON lines, CSV or Parquet files")
     pattern: str = Field("*", description="glob of file names to pick up in the folder")
     csv_header: bool = Field(True, description="csv: the first line of each file names the columns")
+    settle_s: float = Field(
+        5.0, ge=0, description="a file is registered only once nothing has changed it for this many seconds (its "
+                               "modification time, or its size and modification time across polls): one still "
+                               "being written is read once, whole; 0: at once (files always renamed into place)")
 
 
 class KafkaSourceSpec(_RecordsSpec):

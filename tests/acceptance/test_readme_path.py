@@ -253,10 +253,25 @@ def test_clear_run_group_of_a_past_run_rolls_back_in_one_step(spark, user):
         return states if states.get("checkpoint") == "success" and max(gens) > before else None
 
     user.wait(rerun_done, 600, f"the cleared run {run_id} to roll back and recompute")
+    # Downstream learns it as the change it is: a recompute (rows removed and written again), not
+    # a plain publish; its versions cover the RESTORE too.
+    last = asset_events(user, "sluice/ysb/campaign_views")[-1]["extra"]
+    assert last["change"] == "recompute" and last["versions"][0] <= last["version"], last
     history = user.epochs()
     assert any(e["state"] == "rolled_back" for e in history), "the rolled-back epochs must stay visible"
     assert all(e["files"] for e in history), "every epoch lists its files"
     wait_for_oracle(spark, user, "after clear-to-rollback")
+
+
+def asset_events(user: User, name: str) -> list[dict[str, Any]]:
+    """The Asset's events, oldest first."""
+    r = user.client.get("/api/v2/assets", params={"name_pattern": name})
+    r.raise_for_status()
+    asset = next(a for a in r.json()["assets"] if a["name"] == name)
+    r = user.client.get("/api/v2/assets/events", params={"asset_id": asset["id"], "limit": 1000,
+                                                         "order_by": "timestamp"})
+    r.raise_for_status()
+    return r.json()["asset_events"]
 
 
 def downstream_changes(user: User) -> list[dict[str, Any]]:

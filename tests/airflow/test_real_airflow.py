@@ -189,6 +189,15 @@ def wait_trigger_started(srv, dag_id: str, run_id: str) -> None:
     standalone.wait_for(started, 90, f"the triggerer to start the trigger of {dag_id}/{run_id}", server=srv)
 
 
+def wait_trigger_polled(srv, dag_id: str, run_id: str) -> None:
+    """Until the trigger has polled the backlog once and found nothing to start (its log says so)."""
+
+    def polled() -> bool:
+        return "no group to start yet" in task_log(srv, dag_id, run_id, "wait_for_backlog", "*.log.trigger.*")
+
+    standalone.wait_for(polled, 120, f"the trigger of {dag_id}/{run_id} to poll an empty backlog", server=srv)
+
+
 def report(client, dag_id: str, run_id: str) -> None:
     """Print how long each task of the run took."""
     tis = standalone.task_instances(client, dag_id, run_id)
@@ -232,8 +241,10 @@ def test_pipelines_run_under_airflow_standalone(pipelines, server, spark):
             print(f"[real-airflow] cron group published after {time.monotonic() - started:.0f} s")
 
         # 3. Data lands: the trigger fires, the run plans, spark-submits and publishes one group.
-        # The sensor defers to the triggerer on an empty folder (an event, not a fixed sleep).
-        standalone.wait_for_task_state(server, client, CONTINUOUS, run1, "wait_for_backlog", {"deferred"}, 240)
+        # The sensor defers to the triggerer, whose first poll finds the folder empty (its log
+        # says so: an event to wait for, not a fixed sleep); the data lands after it.
+        wait_deferred(server, client, CONTINUOUS, run1)
+        wait_trigger_polled(server, CONTINUOUS, run1)
         land_atomically(continuous, files=4, seed=1, prefix="a")
         states = standalone.wait_for_run_state(server, client, CONTINUOUS, run1, timeout=240)
         assert all(states[t] == "success" for t in GROUP_TASKS), states
@@ -277,6 +288,11 @@ def test_pipelines_run_under_airflow_standalone(pipelines, server, spark):
         assert [(e.group_id, e.start, e.end) for e in epochs] == [(0, 0, 2), (0, 2, 4), (1, 4, 6)]
         assert {e.state for e in epochs} == {protocol.PUBLISHED}
         assert_matches_oracle(spark, continuous, log)
+        # Every publish emitted an Asset event per sink, carrying its epochs and the versions.
+        extras = [e["extra"] for e in asset_events(client, f"sluice/{CONTINUOUS}/campaign_views")]
+        assert [x["epochs"] for x in extras] == [[0, 1], [2]], extras
+        assert extras[1]["version"] == epochs[2].delta_versions["campaign_views"], extras
+        assert extras[1]["versions"][1] == extras[1]["version"] and extras[1]["versions"][0] > extras[0]["version"]
         log.close()
         print(f"[real-airflow] second group published after {time.monotonic() - started:.0f} s")
 
@@ -297,6 +313,7 @@ def asset_events(client, name: str) -> list[dict]:
     return r.json()["asset_events"]
 
 
+@pytest.mark.variant  # CI: tests/acceptance/test_readme_path.py clears run_group of a past run (with a run waiting)
 def test_clearing_a_past_group_rolls_back_and_recomputes(pipelines, server, spark):
     """Clear run_group of the first group's run through the REST API: that group and the
     later one are rolled back (generation 0 -> 1) and recomputed with their recorded ranges."""

@@ -194,3 +194,36 @@ def test_fixed_sizes_predict_no_wall_before_a_group_was_measured(log):
                                                     "control.freshness_sla_s": 5})
     verdict = adaptive.decide(fixed, log, 1, 0.0, [time.time()])
     assert verdict.decision.predicted_wall_s == 0.0 and verdict.fire is None
+
+
+def test_a_drain_of_superlinear_work_takes_more_epochs_of_an_efficient_size(log):
+    """Arrivals stopped with 500 files waiting, on a pipeline whose measured cost curve is a
+    join's (cost per record lowest near 6,700 records, 1.5x that beyond about 17,500): the drain
+    starts at once, in many epochs within the steep bound, not one 500-file epoch (the issue's
+    runaway began with the whole backlog as one epoch)."""
+    spec = make_pipeline("adaptive_drain_join", **{"control.adaptive": True, "control.freshness_sla_s": 300})
+    state = adaptive.load_state(spec, log)
+    for n in (2_000, 4_000, 8_000, 12_000, 16_000):  # 1,000 records a file
+        state.epoch.curve.add(n, 2.1 + 4.7e-8 * n * n, 2)
+    state.epoch.last_rate = (1000.0, 1.0)
+    log.save_control_state(spec.name, state.to_dict())
+    verdict = adaptive.decide(spec, log, backlog_files=500, oldest_age_s=400.0, mtimes=[1.0] * 500)
+    d = verdict.decision
+    assert verdict.fire == "drain" and d.reason.startswith("arrivals stopped")
+    assert d.epoch_size * 1000 <= state.epoch.size_limit_records() < 20_000
+    assert d.k > 1 and d.predicted_wall_s <= 300.0
+
+
+def test_the_controllers_see_the_sla_and_the_backlog_records(log):
+    """The freshness SLA bounds a group's predicted wall; a backlog whose files hold more than
+    the rate says (Kafka's lag) sizes its epochs."""
+    spec = make_pipeline("adaptive_sla", **{"control.adaptive": True, "control.freshness_sla_s": 40})
+    state = adaptive.load_state(spec, log)
+    for n in (10_000, 20_000, 40_000, 60_000):
+        state.epoch.curve.add(n, 2 + 5e-4 * n, 2)
+    log.save_control_state(spec.name, state.to_dict())
+    now = time.time()
+    mtimes = [now - i for i in range(100)]
+    verdict = adaptive.decide(spec, log, 100, oldest_age_s=100.0, mtimes=mtimes, backlog_records=100 * 3000)
+    assert verdict.decision.predicted_wall_s <= 40.0
+    assert verdict.decision.epoch_size * 3000 <= state.epoch.size_limit_records()

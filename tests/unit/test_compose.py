@@ -456,16 +456,53 @@ def test_dockerfile_installs_java_and_requirements(services):
 # ----------------------------------------------------------------- secrets and exposure
 
 
+#: What must be secret, listed here rather than taken from ``compose_env.SECRETS`` (the list
+#: under test): each a required variable of .env, without a default, that `make compose-env` makes.
+MUST_BE_SECRET = {"POSTGRES_PASSWORD", "SLUICE_DB_PASSWORD", "AIRFLOW_JWT_SECRET", "AIRFLOW_API_SECRET_KEY",
+                  "AIRFLOW_FERNET_KEY", "SLUICE_ADMIN_PASSWORD"}
+#: A variable or setting named like this holds a secret (a ``..._FILE`` setting holds a path).
+SECRET_NAME = re.compile(r"PASSWORD|PASSWD|SECRET|KEY|TOKEN|CREDENTIAL|PRIVATE", re.IGNORECASE)
+_REQUIRED = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*):\?[^}]*\}")
+
+
+def _secret_uses(text: str) -> dict[str, set[str]]:
+    """Every variable named like a secret in ``text``, with how each use reads it (``:?``, ``:-``...)."""
+    uses: dict[str, set[str]] = {}
+    for name, op in re.findall(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(:?[-?]?)[^}]*\}", text):
+        if SECRET_NAME.search(name):
+            uses.setdefault(name, set()).add(op)
+    return uses
+
+
+def _settings_holding_secrets(compose: dict) -> dict[str, str]:
+    """``service.KEY`` -> the value as written (not interpolated) of every environment setting
+    that holds a secret: named like one, or a URL with a password."""
+    found = {}
+    for name, service in compose["services"].items():
+        for key, value in _env(service).items():
+            if (SECRET_NAME.search(key) and not key.endswith("_FILE")) or urlsplit(value).password:
+                found[f"{name}.{key}"] = value
+    return found
+
+
 def test_no_secret_has_a_default_and_each_comes_from_dot_env(services):
     text = COMPOSE_FILE.read_text()
-    for name in compose_env.SECRETS:
-        uses = re.findall(r"\$\{" + name + r"(:?[-?]?)[^}]*\}", text)
-        assert uses and set(uses) == {":?"}, f"{name} must be a required variable (${{{name}:?...}}): {uses}"
+    uses = _secret_uses(text)
+    assert set(uses) <= MUST_BE_SECRET, f"secrets not listed in MUST_BE_SECRET: {sorted(set(uses) - MUST_BE_SECRET)}"
+    assert set(compose_env.SECRETS) == MUST_BE_SECRET, "`make compose-env` must generate exactly these"
+    for name in MUST_BE_SECRET:
+        assert uses.get(name) == {":?"}, f"{name} must be a required variable (${{{name}:?...}}): {uses.get(name)}"
         without = {k: v for k, v in DOT_ENV.items() if k != name}
         with pytest.raises(KeyError, match=name):
             interpolate(text, without)
+    raw = yaml.safe_load(text)  # as written: a literal secret is not hidden by interpolation
+    for setting, value in _settings_holding_secrets(raw).items():
+        secret = urlsplit(value).password if "://" in value else value
+        match = _REQUIRED.fullmatch(secret or "")
+        assert match and match.group(1) in MUST_BE_SECRET, (
+            f"{setting} holds a secret that is not a required variable of MUST_BE_SECRET: {value!r}")
     resolved = json.dumps(services)
-    for name in compose_env.SECRETS:
+    for name in MUST_BE_SECRET:
         assert DOT_ENV[name] in resolved, f"{name} from .env does not reach the services"
     for literal in ("airflow:airflow@", "admin:admin@", "l801u5aulnBmUxqyLDn4rvmDiXHmMFwJes4AVsXZ74Y="):
         assert literal not in text, f"a default secret is still written in docker-compose.yaml: {literal}"
@@ -478,6 +515,8 @@ def test_ports_are_published_on_loopback_unless_configured(services):
         assert all(p.startswith("127.0.0.1:") for p in ports), f"{name} publishes beyond loopback: {ports}"
     everywhere = yaml.safe_load(interpolate(COMPOSE_FILE.read_text(), {**DOT_ENV, "SLUICE_BIND_ADDRESS": "0.0.0.0"}))
     assert "0.0.0.0:8080:8080" in everywhere["services"]["airflow-apiserver"]["ports"]
+    # Spark's standalone master has no authentication: whoever reaches it runs code.
+    assert everywhere["services"]["spark-master"]["ports"] == ["127.0.0.1:7077:7077", "127.0.0.1:8081:8081"]
 
 
 def test_the_store_user_is_no_superuser(services):

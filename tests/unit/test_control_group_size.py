@@ -85,3 +85,11 @@ def test_round_trip():
 def test_rejects_bad_config(kwargs):
     with pytest.raises(ValueError):
         GroupSizeConfig(**kwargs)
+
+
+def test_a_drain_group_updates_the_coordination_time_but_not_k():
+    """A catch-up group's k is the backlog's: its low overhead must not walk AIMD's k down."""
+    g = GroupSizeController(GroupSizeConfig(k0=6))
+    assert g.observe(coordination_s=10, wall_s=1000, epochs_run=40, adjust=False) == 6
+    assert g.coordination_s == 10 and g.last_action.startswith("hold")
+    assert g.observe(coordination_s=10, wall_s=1000, epochs_run=6) == 5  # its own group: 1% < 5%

@@ -13,15 +13,24 @@ _PLUGINS = str(Path(__file__).resolve().parents[2] / "plugins")
 if _PLUGINS not in sys.path:
     sys.path.insert(0, _PLUGINS)
 
+from sluice import boundary  # noqa: E402
 from sluice.errors import SourceError  # noqa: E402
 from sluice.protocol.leases import acquire_lease  # noqa: E402
 from sluice.protocol.planning import plan_group  # noqa: E402
 from sluice.sources import FileSource  # noqa: E402
+from sluice.sources.files import Sighting, settled  # noqa: E402
 from sluice.spec import load_spec  # noqa: E402
 from sluice.store import EpochStore  # noqa: E402
 
 NAME = "landing_test"
 T0 = 1_700_000_000.0  # a fixed mtime base, long ago
+
+
+@pytest.fixture(autouse=True)
+def real_clock(monkeypatch) -> None:
+    """The host's own clock, whatever an earlier test in this process left installed (the
+    simulation's virtual one): a file's settling is judged by it."""
+    monkeypatch.setattr(boundary, "CLOCK", None)
 
 
 @pytest.fixture
@@ -275,3 +284,104 @@ def test_a_file_landed_again_with_new_content_is_new_data_kept_as_a_copy(source,
     assert source.discover() == 3 and Path(log.manifest(NAME)[2].path).read_text() == third
     land(landing, "daily.json", T0 + 86400, second)  # an old version back again: seen already
     assert source.discover() == 3
+
+
+@pytest.mark.parametrize("link", ["_sluice", "_sluice/relanded"])
+def test_a_relanded_copy_is_never_written_through_a_symbolic_link(source, log, landing, tmp_path, link):
+    """An uploader links ``_sluice`` (or its ``relanded``) to the DAGs folder, lands ``job.json``
+    and lands it again with new content: the copy would put the uploader's content there."""
+    dags = tmp_path / "dags"
+    dags.mkdir()
+    (landing / link).parent.mkdir(parents=True, exist_ok=True)
+    os.symlink(dags, landing / link)
+    path = land(landing, "job.json", T0, '{"id": "a", "n": 1}\n')
+    assert source.discover() == 1
+    land(landing, "job.json", T0 + 60, '{"id": "b", "n": 2}\n')
+    with pytest.raises(SourceError) as info:
+        source.discover()
+    message = str(info.value)
+    assert repr(NAME) in message and path in message, message
+    assert f"{landing / link} is a symbolic link" in message, message
+    assert list(dags.rglob("*")) == [], "nothing is written where the link leads"
+    assert len(log.manifest(NAME)) == 1
+
+
+def test_a_link_planted_where_the_copy_is_written_is_replaced_not_followed(source, log, landing, tmp_path):
+    """The copy's temporary name is predictable (modification time and size): a link planted
+    there is removed, and the copy is written in ``_sluice/relanded`` all the same."""
+    outside = tmp_path / "dags" / "evil.json"
+    outside.parent.mkdir()
+    land(landing, "job.json", T0)
+    assert source.discover() == 1
+    content = '{"id": "b", "n": 2}\n'
+    land(landing, "job.json", T0, content)
+    mtime_ns = 1_700_000_060_000_000_000
+    os.utime(landing / "job.json", ns=(mtime_ns, mtime_ns))
+    kept = landing / "_sluice" / "relanded"
+    kept.mkdir(parents=True)
+    os.symlink(outside, kept / f".job.relanded-{mtime_ns}-{len(content)}.json.tmp")
+    assert source.discover() == 2
+    assert not outside.exists(), "nothing is written where the link leads"
+    copy = Path(log.manifest(NAME)[1].path)
+    assert copy.parent == kept and not copy.is_symlink() and copy.read_text() == content
+
+
+def test_a_file_written_in_chunks_across_polls_is_registered_once_settled_with_its_final_size(
+        source, log, landing, monkeypatch):
+    clock = [T0 + 1000.0]
+    monkeypatch.setattr(boundary, "CLOCK", lambda: clock[0])  # the source's "now", as the simulation sets it
+    settle_s = source.spec.source.settle_s
+    path = landing / "upload.json"
+    chunks = ['{"id": "a", "n": 1}\n', '{"id": "b", "n": 2}\n', '{"id": "c", "n": 3}\n']
+    for chunk in chunks:  # one chunk per poll, each less than settle_s after the last
+        with open(path, "a") as fh:
+            fh.write(chunk)
+        os.utime(path, (clock[0], clock[0]))
+        assert source.discover() == 0 and source.backlog().files == 0
+        clock[0] += settle_s / 2
+    assert source.discover() == 0, "written less than settle_s ago"
+    clock[0] += settle_s / 2
+    assert source.backlog().files == 1 and source.discover() == 1
+    assert source.discover() == 1, "registered once"
+    [entry] = log.manifest(NAME)
+    assert (entry.path, entry.size) == (str(path), len("".join(chunks)))
+    assert source.read_bytes(entry) == "".join(chunks).encode()
+    assert not (landing / "_sluice").exists(), "no copy of an earlier size"
+
+
+def test_a_file_dated_ahead_of_the_clock_settles_across_the_polls_of_one_source(source, log, landing, monkeypatch):
+    clock = [T0]
+    monkeypatch.setattr(boundary, "CLOCK", lambda: clock[0])
+    land(landing, "ahead.json", T0 + 3600)  # its writer's clock is an hour ahead
+    assert source.discover() == 0
+    clock[0] += source.spec.source.settle_s
+    assert FileSource(source.spec, log).discover() == 0, "another process: the modification time alone decides"
+    assert source.discover() == 1, "unchanged across polls for settle_s"
+
+
+@pytest.mark.parametrize(("mtime", "seen", "settle_s", "expected"), [
+    (990.0, None, 5.0, True),  # unchanged for 10 s, as its modification time says
+    (997.0, None, 5.0, False),  # modified 3 s ago
+    (997.0, None, 0.0, True),  # settle_s 0: at once
+    (990.0, Sighting(10, 990.0, 999.0), 5.0, True),  # seen before, unchanged
+    (990.0, Sighting(9, 990.0, 990.0), 5.0, False),  # grew since the previous poll, whatever its mtime
+    (990.0, Sighting(10, 980.0, 990.0), 5.0, False),  # rewritten since the previous poll
+    (1100.0, None, 5.0, False),  # dated ahead of this host's clock: not known to be quiet yet
+    (1100.0, Sighting(10, 1100.0, 994.0), 5.0, True),  # ... but unchanged across polls for 6 s
+    (1100.0, Sighting(10, 1100.0, 997.0), 5.0, False),  # ... for 3 s only
+])
+def test_the_settle_rule(mtime, seen, settle_s, expected):
+    assert settled(10, mtime, 1000.0, settle_s, seen) is expected
+
+
+def test_read_bytes_gives_the_registered_bytes_or_names_a_file_that_changed(source, log, landing):
+    path = land(landing, "f0.json", T0, "x" * 10)
+    source.discover()
+    [entry] = source.check_retained(0, 1)
+    assert source.read_bytes(entry) == b"x" * 10
+    with open(path, "a") as fh:
+        fh.write("appended\n")
+    os.utime(path, (T0, T0))  # the modification time kept: the size tells
+    with pytest.raises(SourceError) as info:
+        source.read_bytes(entry)
+    assert repr(NAME) in str(info.value) and path in str(info.value) and "size 10 -> 19 bytes" in str(info.value)

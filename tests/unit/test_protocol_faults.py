@@ -26,7 +26,7 @@ from sluice.sim.world import PIPELINE, TTL_S, Config, World
 from sluice.store import EpochStore, records
 
 QUIET = Config(commit="group", epoch_files=2, group_epochs=2, files=0, lines=3, malformed_p=0.3, poison=False,
-               chaos_steps=0, kill_p=0.0, pause_p=0.0, vanish_p=0.0, store_loss=False)
+               invalid=False, chaos_steps=0, kill_p=0.0, pause_p=0.0, vanish_p=0.0, store_loss=False, skew_s=0.0)
 
 
 @pytest.fixture
@@ -45,7 +45,7 @@ def world(tmp_path):
         return made
 
     yield make
-    boundary.HOOK = None
+    boundary.HOOK = boundary.CLOCK = None
 
 
 def settle(w: World) -> None:
@@ -251,6 +251,30 @@ def test_a_backfills_recorded_intent_can_be_withdrawn(world):
     w.sched.drain()
     assert recover.result in ("nothing", "success") and halt_reason(store, PIPELINE, 3, 10) is None
     w.land(1)
+    assert drain(w)
+    assert_oracle(w)
+
+
+def test_recover_after_a_failed_validation_gate_reruns_the_epoch_once_fixed(world):
+    """An epoch that failed its expectation suite under ``fail`` halts the pipeline. Recovery
+    reset the attempt counts but left the failed gate's results, so its rerun was refused as
+    halted again (found by ``dag.test`` of ``sluice_recover``, then by the simulation). Now a
+    recovery before the fix fails the gate again, and one after it publishes every epoch."""
+    w = world(Config(**{**vars(QUIET), "invalid": True}))
+    w.land(3)
+    run = actors.dag_run(w, "scheduled__1", k=1000)
+    w.sched.drain()
+    assert run.result == "failed" and "failed validation" in run.note, run.note
+    store = w.store()
+    assert "failed validation" in (halt_reason(store, PIPELINE, 3, 10) or "")
+    early = actors.recover_run(w, "manual__1", take_over=False)
+    w.sched.drain()
+    assert early.result == "failed" and "failed validation" in early.note, "the gate holds until the fix"
+    w.fixed = True  # the operator deploys the check that rejects the record
+    late = actors.recover_run(w, "manual__2", take_over=False)
+    w.sched.drain()
+    assert late.result == "success", late.note
+    assert halt_reason(store, PIPELINE, 3, 10) is None
     assert drain(w)
     assert_oracle(w)
 

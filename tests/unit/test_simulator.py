@@ -95,3 +95,48 @@ def test_traces():
     st = step((1.0, 3.0, 1.0, 3.0), (10.0, 10.0, 10.0, 10.0))
     assert list(st.rate(np.array([5.0, 15.0, 25.0, 35.0]))) == [1.0, 3.0, 1.0, 3.0]
     assert st.duration_s == 40.0 and len(st.segments) == 4
+
+
+def test_the_family_covers_every_shape_and_cost_model_and_is_reproducible():
+    from bench.simulator import FAMILY_COSTS, FAMILY_SHAPES, capacity_rps, family_member
+
+    members = [family_member(seed, 1800) for seed in range(48)]
+    assert {(m.shape, m.cost) for m in members} == {(s, c) for s in FAMILY_SHAPES for c in FAMILY_COSTS}
+    again = family_member(7, 1800)
+    t = np.arange(0, 1800, 7.0)
+    assert np.array_equal(again.trace.rate(t), members[7].trace.rate(t)) and again.workload == members[7].workload
+    for m in members:
+        rates = m.trace.rate(np.arange(0, 1800, 1.0))
+        assert 5 <= m.workload.coordination_s <= 30 and 0.25 <= m.load <= 0.7
+        assert m.capacity_rps == pytest.approx(capacity_rps(m.workload))
+        assert rates.min() >= 0 and rates.max() > 0
+    assert any(m.trace.rate(np.arange(0, 1800, 1.0)).max() > m.capacity_rps for m in members)  # above capacity
+    cliff = next(m for m in members if m.cost == "cliff").workload
+    below, above = cliff.cliff_records * 0.9, cliff.cliff_records * 1.1
+    steep = (cliff.epoch_s(above * 1.1, 2) - cliff.epoch_s(above, 2)) / (0.1 * above)
+    flat = (cliff.epoch_s(below, 2) - cliff.epoch_s(below / 1.1, 2)) / (below - below / 1.1)
+    assert steep > 3 * flat  # past the cliff a record costs several times more
+
+
+def test_the_pruned_fixbi_search_finds_the_exhaustive_optimum(monkeypatch):
+    from bench import control
+
+    grid = {"FIX_X": (2, 4, 6, 8, 12, 16, 24, 32, 48, 64), "FIX_K": (1, 2, 3, 4), "FIX_P": (1, 2, 4, 8)}
+    for name, values in grid.items():  # a smaller grid, the search's own code
+        monkeypatch.setattr(control, name, values)
+    trace = markov((400.0, 900.0, 1400.0), 300, 1800, seed=3)
+    run, cfg = control.fixbi(REDUCE, trace, seed=1)
+    sim = Simulator(REDUCE, trace, seed=1, abort_backlog_files=3600)
+    runs = {(x, k, p): sim.run(Fixed(x, k, p)) for p in grid["FIX_P"] for k in grid["FIX_K"] for x in grid["FIX_X"]}
+    best = min((r.mean_latency_s, cfg) for cfg, r in runs.items() if not r.aborted)
+    assert cfg == best[1] and run.mean_latency_s == pytest.approx(best[0])
+
+
+def test_a_backlog_always_has_a_measured_rate():
+    """After the last file landed (or in a silence) the rate over the last minute is 0, but the
+    backlog's files hold records: the view measures them."""
+    sim = Simulator(QUIET, step((1000.0, 0.0), (120.0, 600.0)), seed=0)
+    assert sim.measured_rate(300.0) == 0.0
+    assert sim.measured_rate(300.0, next_file=60) == pytest.approx(60 * 1000.0 / 240.0)
+    view = sim.view(300.0, 60)
+    assert view.rate_rps > 0 and view.backlog_records == 60 * 1000.0

@@ -209,9 +209,11 @@ PREVIEW_DOC = """Preview `sluice_rollback` to `to_epoch` with recompute, before 
 
 def build_recover_dag(specs: dict[str, PipelineSpec]) -> DAG:
     """``sluice_recover``: rerun a pipeline's failed or unfinished epochs with their ranges."""
+    withdraw = Param(False, type="boolean", title="Withdraw a recorded rollback",
+                     description="Withdraw a rollback whose restores never started, instead of finishing it")
     with _operations_dag("sluice_recover",
                          "Rerun a sluice pipeline's failed or half-done epochs with their recorded ranges",
-                         RECOVER_DOC, specs) as dag:
+                         RECOVER_DOC, specs, withdraw_rollback=withdraw) as dag:
         plan = PlanGroupOperator(task_id="plan_group", pipeline="{{ params.pipeline }}", recover=True)
         _group_steps(plan, None, plan_task_id="plan_group", change="recovery")
     return dag
@@ -294,8 +296,11 @@ not the person who asked: the rollback refuses an approval by its requester.
 """
 
 RECOVER_DOC = """Rerun a pipeline's failed or half-done epochs with their recorded ranges, even when
-the pipeline is halted (an epoch failed validation or failed `control.max_attempts` times).
-Fix the cause first (the transform, the spec's checks, the data); the run plans nothing new.
+the pipeline is halted (an epoch failed validation, failed `control.max_attempts` times, or its
+driver died `control.max_crashes` times). Fix the cause first (the transform, the spec's checks,
+the data, the driver's memory); the run plans nothing new and counts attempts afresh.
+`withdraw_rollback`: first withdraw a recorded rollback whose restores never started (a backfill's
+or an operator's rollback that stopped before changing any table), instead of finishing it.
 """
 
 SKIP_FILE_DOC = """Skip a file that is gone, unreadable or changed after it was planned, so the pipeline can go on

@@ -168,6 +168,9 @@ class BacklogTrigger(BaseTrigger):
                                         "message": f"{type(exc).__name__}: {exc}"})
                     return
                 waited = round(time.monotonic() - started, 3)
+                if ready is None and polls == 1:  # once: the trigger is alive, and what it waits for
+                    log.info("pipeline %s: no group to start yet; polling the backlog every %.0f s",
+                             self.pipeline, self.poll_interval)
                 if ready is not None:
                     yield TriggerEvent({"status": "ready", "pipeline": self.pipeline, **ready,
                                         "waited_s": waited, "polls": polls})

@@ -1,6 +1,8 @@
-"""Adaptive control, pure Python (no Spark, no Airflow): epoch size and partitions by DyBBS,
-group size by Drizzle's AIMD, and ``plan_next`` combining them for the backlog sensor."""
+"""Adaptive control, pure Python (no Spark, no Airflow): epoch size and partitions by DyBBS on a
+cost curve learned from every epoch, group size by Drizzle's AIMD, and ``plan_next`` combining
+them for the backlog sensor, under safety bounds that hold on any input (``epoch_size``)."""
 
+from sluice.control.cost_curve import CostCurve
 from sluice.control.epoch_size import (
     EpochPlan,
     EpochSizeConfig,
@@ -23,6 +25,7 @@ from sluice.control.planner import (
 
 __all__ = [
     "ControlState",
+    "CostCurve",
     "Decision",
     "EpochPlan",
     "EpochSizeConfig",

@@ -1,4 +1,5 @@
-"""Epoch size and partition count by DyBBS (Zhang et al., ICAC 2016, Alg. 1), for run-once groups.
+"""Epoch size and partition count: DyBBS (Zhang et al., ICAC 2016, Alg. 1) for run-once groups,
+on a cost curve learned from every epoch, under safety bounds that hold on any input.
 
 Unit: an epoch size ``x`` is a number of source *files* (``control.epoch_files``), the data rate
 is in records/s and the file rate in files/s, so ``x`` files span ``x / file_rate`` seconds of
@@ -12,40 +13,43 @@ What is kept from the paper:
   assumes no functional form, so one model covers Reduce-like and Join-like work;
 * the decision is the smallest *stable* size with a constant margin ``c`` (not a ratio, so no
   over-estimation at large sizes);
-* slow start while fewer than 5 distinct sizes are known for the (bin, partitions) pair;
-* a hill climb on the partition count (DyBBS's block interval) per rate bin, which records every
-  local optimum and, when conditions change, restarts from the best one recorded.
+* slow start while a cell has fewer than 5 distinct sizes and nothing else can stand in;
+* a hill climb on the partition count (DyBBS's block interval): each neighbour of the best count
+  is tried, and the best is kept.
 
 What run-once groups add: a group of ``k`` epochs pays the coordination cost ``F`` once, so the
 stability test is on the group, ``k * x / file_rate >= F + k * IsoR(x) + c``; among ``k <= k_cap``
 (the AIMD cap, see ``group_size``) the plan is the stable group with the smallest data span, which
-is the one with the lowest freshness (mean latency is about 1.5 spans at the stable point). With
-``k = 1`` this is exactly DyBBS's rule. Under backlog the plan switches to catch-up: the epoch
-size with the highest modelled throughput under the memory budget (for Reduce-like work the
-largest), then back to the stable size once the backlog is gone.
+is the one with the lowest freshness. With ``k = 1`` this is exactly DyBBS's rule.
+
+The cost curve (``cost_curve.CostCurve``): seconds against an epoch's *records*, per partition
+count, pooled over every rate bin. A cell's fit takes the curve's sizes (converted to files at
+today's records per file) where it has none of its own, so a new rate is planned from what
+other rates measured instead of a slow start; the partition counts are compared on it; and it
+gives the shape the safety bounds need.
+
+Safety before optimality (each holds whatever the trace; ``tests/unit/test_control_bounds.py``):
+
+* never into the steep part of the cost curve: an epoch's records stay below where the predicted
+  cost per record exceeds ``steep_ratio`` times the best measured one, and below
+  ``probe_growth`` times the largest epoch measured (twice that for work the curve shows to be
+  linear), so a superlinear workload or a memory cliff is met one bounded step at a time;
+* catch-up with more epochs, not a bigger one: a backlog (catch-up, a freshness-forced group, a
+  drain) is taken in epochs of a measured, efficient size, ``k`` up to ``k_max`` (Drizzle);
+* a backlog always has a rate: with nothing measured lately the backlog's records per file, else
+  the last rate measured, never the idle plan;
+* a group that took more than ``miss_ratio`` times its predicted wall sends the next group back
+  to the last size that was stable (in records);
+* every group's predicted wall is within the freshness SLA (or ``max_group_wall_s``): k is cut,
+  and a single epoch shrunk, to fit.
 
 Where slow start begins: not at an arbitrary small size. A group pays a fixed cost ``F``
 (Spark start or Connect session, warm-up, commit: tens of seconds for a JVM per group) that
-DyBBS's one-second batches never had, so a first group of a few files is unstable, the backlog
-grows while slow start doubles its way up, and every group of that climb misses the SLA. A new
-(rate bin, partitions) cell therefore starts at the smallest size the linear cost model calls
-stable, ``x/f >= F + c + a + x * b_f``: ``F`` the measured coordination (a prior before the
-first group), ``a + b * records`` an epoch's time fitted by least squares to the last epochs of
-every cell (``b`` alone, through the origin, while they all had one size), ``b_f = b`` times the
-records per file at this rate. Its prediction is also the planned wall time until the cell has
-samples of its own, so a freshness-forced start comes in time; and when a slow-start group turns
-out unstable, the next one goes to the size the costs it just measured call stable rather than
-only doubling.
-
-Gaps the paper leaves open and how they are filled (see notes §1.6): slow start doubles the
-group while unstable (the epoch size, or k when the per-file cost grows with size, a sign of
-superlinear work), then probes around the smallest stable size (bisecting towards the largest
-unstable one, else stepping additively); the search never goes beyond twice the largest size
-observed, above which the fit is extrapolated proportionally; the partition grid doubles
-(1, 2, 4, 8, 16) so the climb costs few slow starts; a new rate bin starts at the best partition
-count of the nearest learned bin, a new cell at the size last run in its bin (another partition
-count at the same rate) or else at the modelled stable size above; after 3
-consecutive groups over the margin at a learned point, the bin is relearned (conditions changed).
+DyBBS's one-second batches never had, so the first cell starts at the smallest size the linear
+cost model calls stable, ``x/f >= F + c + a + x * b_f`` (``F`` the measured coordination, a
+prior before the first group; ``a + b * records`` fitted to the last epochs). Slow start then
+doubles while unstable (the epoch, or k when the cost per record grows with size, and it halves
+the epoch and doubles k in the steep part), and probes around the smallest stable size.
 """
 
 from __future__ import annotations
@@ -56,6 +60,8 @@ from typing import Any
 
 import numpy as np
 from scipy.optimize import isotonic_regression
+
+from sluice.control.cost_curve import EXPLORE_SAMPLES, CostCurve
 
 #: Epochs the linear cost model is fitted to: a few groups' worth, so it follows changed conditions.
 COST_SAMPLES = 32
@@ -68,7 +74,13 @@ class EpochSizeConfig:
     fixed cost assumed until a group has measured one (a JVM per group: 20-25 s measured in
     ``bench/results/cost.json``). ``max_epoch_records`` is the ceiling before memory is measured;
     then what a read may hold is ``memory_fraction`` of Spark's unified memory (see
-    ``memory_limit_records``)."""
+    ``memory_limit_records``).
+
+    The safety bounds (``size_limit_records``, ``_guard``, see the module's docstring):
+    ``steep_ratio`` (cost per record against the best measured), ``probe_growth`` (records
+    against the largest epoch measured), ``max_group_wall_s`` (a group's predicted wall when no
+    freshness SLA is given), ``miss_ratio`` (a miss that sends the next group back to the last
+    stable size)."""
 
     margin_s: float = 2.0
     min_points: int = 5
@@ -82,8 +94,11 @@ class EpochSizeConfig:
     initial_partitions: int = 2
     catchup_factor: float = 2.0
     explore_factor: float = 2.0
-    unstable_limit: int = 3
     slow_step_ratio: float = 0.2
+    steep_ratio: float = 1.5
+    probe_growth: float = 2.0
+    max_group_wall_s: float = 600.0
+    miss_ratio: float = 2.0
 
     def __post_init__(self) -> None:
         if self.initial_partitions not in self.partitions:
@@ -91,7 +106,8 @@ class EpochSizeConfig:
         if list(self.partitions) != sorted(set(self.partitions)) or self.partitions[0] < 1:
             raise ValueError(f"partitions must be increasing and >= 1 (got {self.partitions})")
         if (self.margin_s < 0 or self.min_points < 2 or not 0 < self.alpha <= 1 or self.rate_bin_ratio <= 0
-                or self.initial_coordination_s < 0):
+                or self.initial_coordination_s < 0 or self.steep_ratio <= 1 or self.probe_growth <= 1
+                or self.max_group_wall_s <= 0 or self.miss_ratio <= 1):
             raise ValueError("bad epoch-size configuration")
 
 
@@ -102,6 +118,21 @@ class EpochPlan:
     partitions: int
     reason: str
     predicted_wall_s: float
+
+
+@dataclass(frozen=True)
+class CatchUp:
+    """What bounds a plan and sizes a drain: records per file (the larger of the rate's and the
+    backlog's), the fixed cost, the largest k, the wall bound, the backlog, the size limit in files."""
+
+    per_file: float
+    rate_per_file: float
+    fixed: float
+    k_max: int
+    wall_cap: float
+    backlog_files: int
+    x_bound: int
+    partitions: int
 
 
 @dataclass
@@ -124,13 +155,10 @@ class _Cell:
 
 @dataclass
 class _Bin:
-    """Hill-climb state of one rate bin: current partitions, local optima, settled flag."""
+    """One rate bin: the partition count last planned at it, the size last run, its cells."""
 
     partitions: int
     last_x: int = 0  # size of the last group run at this rate
-    local_opt: dict[int, float] = field(default_factory=dict)  # partitions -> predicted latency (s)
-    settled: bool = False
-    unstable: int = 0
     cells: dict[int, _Cell] = field(default_factory=dict)
 
 
@@ -168,6 +196,17 @@ def smallest_stable_group(fit: tuple[np.ndarray, np.ndarray], coordination_s: fl
     return best
 
 
+def _drain_throughput(xs: np.ndarray, per_epoch: np.ndarray, cu: CatchUp) -> tuple[np.ndarray, np.ndarray]:
+    """``(k, files per second)`` for each candidate epoch size: as many epochs as the backlog
+    holds, never more than ``k_max`` or than fit the wall bound. A group drains the backlog (what
+    it plans beyond it only waits for files); with nothing waiting (overload at a new rate) the
+    group is for the files to come and counts as full."""
+    k_wall = np.maximum(1, np.floor((cu.wall_cap - cu.fixed) / np.maximum(per_epoch, 1e-9)))
+    ks = np.clip(np.ceil(max(cu.backlog_files, 1) / xs), 1, np.minimum(cu.k_max, k_wall))
+    files = np.minimum(ks * xs, cu.backlog_files) if cu.backlog_files > 0 else ks * xs
+    return ks, files / (cu.fixed + ks * per_epoch)
+
+
 def rate_bin(rate_rps: float, ratio: float) -> int:
     """Geometric rate bins ``ratio`` wide, so the discretisation needs no per-cluster retuning."""
     return math.floor(math.log(max(rate_rps, 1e-9)) / math.log1p(ratio))
@@ -184,6 +223,12 @@ class EpochSizeController:
         self.memory_samples: list[tuple[float, float]] = []  # (records read together, peak MB held)
         self.memory_budget_mb: float | None = None  # Spark's unified memory, as last measured
         self.memory_unit = "epoch"  # what one read holds: an "epoch", or a "group" (one commit per group)
+        self.curve = CostCurve(alpha=self.config.alpha)  # seconds against records, every epoch of every cell
+        self.last_rate: tuple[float, float] | None = None  # (records/s, files/s) of the last group planned
+        self.stable_records = 0.0  # records per epoch of the last group that kept up with arrivals
+        self.stable_partitions = 0
+        self.fallback: str | None = None  # why the next group goes back to the last stable size
+        self.last_per_file = 0.0  # records per file of the last epoch run
         self._fits: dict[tuple[int, int], tuple[tuple[int, int], tuple[np.ndarray, np.ndarray]]] = {}
 
     # -- helpers -----------------------------------------------------------------------------
@@ -235,12 +280,10 @@ class EpochSizeController:
         return max(floor, int((allowed - max(m0, 0.0)) / m1))
 
     def _new_bin(self, b: int) -> _Bin:
-        near = sorted((abs(o - b), o) for o, s in self.bins.items() if s.local_opt)
-        start = self.config.initial_partitions
-        if near:  # start where the nearest learned bin ended up (its best point)
-            nb = self.bins[near[0][1]]
-            start = min(nb.local_opt, key=nb.local_opt.__getitem__)
-        return _Bin(partitions=start)
+        """A new rate bin starts at the partition count the cost curve finds cheapest (the
+        configured one before anything was measured)."""
+        start = self.curve.choose_partitions(max(self.stable_records, 1.0), self.config.partitions, explore=False)
+        return _Bin(partitions=start or self.config.initial_partitions)
 
     def epoch_cost(self) -> tuple[float, float]:
         """``(a, b)``: an epoch takes ``a + b * records`` seconds, fitted to the recent epochs of
@@ -286,45 +329,199 @@ class EpochSizeController:
             bs.cells[partitions] = self._new_cell(bs, start_x)
         return bs.cells[partitions]
 
-    def _fit(self, b: int, partitions: int, cell: _Cell) -> tuple[np.ndarray, np.ndarray]:
+    def _fit(self, b: int, partitions: int, cell: _Cell, per_file: float) -> tuple[np.ndarray, np.ndarray]:
+        """The cell's isotonic fit over its own sizes and, where it has none, the sizes the cost
+        curve measured at this partition count at other rates (converted to files at today's
+        records per file): what one rate learned, every rate knows, so a new rate bin needs no
+        slow start once the curve covers it."""
+        key = (id(cell), cell.version, self.curve.version, round(math.log(max(per_file, 1e-9)), 3))
         cached = self._fits.get((b, partitions))
-        if cached and cached[0] == (id(cell), cell.version):
+        if cached and cached[0] == key:
             return cached[1]
-        xs = np.array(sorted(cell.points), float)
-        ys = np.array([cell.points[int(x)][0] for x in xs])
+        xs, ys = self._points(cell, partitions, per_file)
         fit = isotonic_fit(xs, ys)
-        self._fits[(b, partitions)] = ((id(cell), cell.version), fit)
+        self._fits[(b, partitions)] = (key, fit)
         return fit
 
-    def _learning(self, cell: _Cell) -> bool:
-        return len(cell.points) < self.config.min_points
+    def _points(self, cell: _Cell, partitions: int, per_file: float) -> tuple[np.ndarray, np.ndarray]:
+        own = {int(x): v[0] for x, v in cell.points.items()}
+        n, t = self.curve.at(partitions)
+        if len(n) and per_file > 0:
+            for x, sec in zip(np.maximum(1, np.rint(n / per_file)).astype(int), t, strict=True):
+                own.setdefault(int(x), float(sec))
+        xs = np.array(sorted(own), float)
+        return xs, np.array([own[int(x)] for x in xs])
+
+    def _learning(self, cell: _Cell, partitions: int, per_file: float) -> bool:
+        """Slow start while the cell's fit has fewer than ``min_points`` sizes, unless the cost
+        curve already measured 3 sizes at this partition count (or scaled to it): then the model
+        plans, and its exploration (twice the largest size in the fit, the probes of a drain)
+        widens the curve where it is needed."""
+        if len(cell.points) >= self.config.min_points:
+            return False
+        if len(self.curve.at(partitions)[0]) >= 3:
+            return False
+        return len(self._points(cell, partitions, per_file)[0]) < self.config.min_points
 
     def _model_plan(self, b: int, bs: _Bin, cell: _Cell, file_rate: float, coord: float, k_cap: int,
-                    cap: int, backlog_files: int) -> EpochPlan:
-        cfg, P = self.config, bs.partitions
-        fit = self._fit(b, P, cell)
-        limit = max(1, min(cap, int(self.config.explore_factor * fit[0][-1])))
+                    cap: int, backlog_files: int, cu: CatchUp) -> EpochPlan:
+        """DyBBS's smallest stable group at the partition count the cost curve finds cheapest
+        (one not measured yet, next to it, is tried in a stable group: the hill climb); catch-up
+        beyond a backlog of ``catchup_factor`` groups; overload when nothing is stable."""
+        cfg, rpf = self.config, cu.rate_per_file
+        P = self.curve.choose_partitions(max(self.stable_records, rpf), cfg.partitions, explore=False)
+        c = cell if P in (None, bs.partitions) else (bs.cells.get(P) or _Cell())
+        if P is None or (P != bs.partitions and self._learning(c, P, rpf)):
+            P, c = bs.partitions, cell
+        fit = self._fit(b, P, c, rpf)
+        limit = max(1, min(cap, int(cfg.explore_factor * fit[0][-1]), cu.x_bound))
         stable = smallest_stable_group(fit, coord, file_rate, cfg.margin_s, k_cap, limit)
         if stable is not None and backlog_files <= cfg.catchup_factor * stable[0] * stable[1]:
             x, k = stable
-            return EpochPlan(x, k, P, "stable" if bs.settled else "stable, exploring partitions",
-                             float(coord + k * predict(fit, x)))
-        # catch-up (or overload): the epoch size with the best modelled throughput
+            wall = float(coord + k * predict(fit, x))
+            explore = self.curve.choose_partitions(x * rpf, cfg.partitions)
+            if explore is not None and explore != P and self.curve.samples(explore) < EXPLORE_SAMPLES:
+                return EpochPlan(x, k, explore, "stable, exploring partitions", wall)
+            return EpochPlan(x, k, P, "stable", wall)
+        if stable is not None:
+            return self._catch_up_plan(cu, "catch-up") or self._cell_catch_up(fit, P, limit, cu, "catch-up")
+        # nothing stable within the size limit: probe up to it (the limit grows with what is
+        # measured, never into the steep part), more epochs where the backlog holds them
+        reason = "overload: no stable size within the size limit"
+        return self._catch_up_plan(cu, reason, probe=True) or self._cell_catch_up(fit, P, limit, cu, reason)
+
+    @staticmethod
+    def _cell_catch_up(fit: tuple[np.ndarray, np.ndarray], partitions: int, limit: int, cu: CatchUp,
+                       reason: str) -> EpochPlan:
+        """The cell's best modelled throughput up to ``limit`` files, k as many epochs as the
+        backlog holds within the wall bound (before the cost curve has any epoch's records)."""
         xs = np.arange(1, limit + 1)
-        ks = np.clip(np.maximum(backlog_files, 1) // xs, 1, k_cap)
-        throughput = ks * xs / (coord + ks * predict(fit, xs))
+        px = predict(fit, xs)
+        ks, throughput = _drain_throughput(xs, px, cu)
         i = int(np.argmax(throughput))
-        reason = "catch-up" if stable is not None else "overload: no stable size under the memory budget"
-        return EpochPlan(int(xs[i]), int(ks[i]), P, reason, float(coord + ks[i] * predict(fit, xs[i])))
+        return EpochPlan(int(xs[i]), int(ks[i]), partitions, reason, float(cu.fixed + ks[i] * px[i]))
+
+    def _catch_up_plan(self, cu: CatchUp, reason: str, probe: bool = False) -> EpochPlan | None:
+        """Drain a backlog with more epochs of a measured, efficient size (Drizzle: k up), never
+        one larger epoch: among the epoch sizes measured (cost-curve bins) within the size limit
+        (and, with ``probe``, the size limit itself: overload needs larger epochs than measured),
+        the one whose group drains the backlog fastest, ``k`` as many epochs as the backlog holds
+        within the wall bound; partitions by the hill climb per size (``choose_partitions``)."""
+        n, _ = self.curve.curve()
+        if not len(n) or cu.per_file <= 0:
+            return None
+        bound = self.size_limit_records()
+        sizes = np.floor(n[n <= bound * 1.0001] / cu.per_file)
+        if probe or self.curve.linear():  # overload, or linear work: larger epochs (within the limit) drain faster
+            sizes = np.append(sizes, cu.x_bound)
+        best = self.curve.best()
+        if best is not None and best[0] <= self.curve.smallest() * 1.0001 and self.curve.rising(best[0] * 1.5):
+            # the cheapest records are at the smallest size measured: the efficient size may lie below
+            sizes = np.append(sizes, math.floor(best[0] / 2 / cu.per_file))
+        efficient = self.curve.efficient()
+        if efficient is not None and self.curve.smallest() / 4 <= efficient <= bound:
+            sizes = np.append(sizes, math.floor(efficient / cu.per_file))
+        xs = np.unique(np.clip(sizes, 1, cu.x_bound))
+        if not len(xs):
+            xs = np.array([max(1.0, min(float(cu.x_bound), math.floor(n[0] / cu.per_file)))])
+        per_epoch = self.curve.seconds(xs * cu.per_file)
+        ks, throughput = _drain_throughput(xs, per_epoch, cu)
+        i = int(np.argmax(throughput))
+        x, k = int(xs[i]), int(ks[i])
+        # a drain explores only towards more partitions (one epoch at a new count tells its whole curve)
+        P = self.curve.choose_partitions(x * cu.per_file, self.config.partitions, downwards=False) or cu.partitions
+        return EpochPlan(x, k, P, reason, float(cu.fixed + k * per_epoch[i]))
+
+    # -- safety bounds ----------------------------------------------------------------------
+    def size_limit_records(self) -> float:
+        """The largest epoch (records) a plan may have: not in the steep part of the measured
+        cost curve (``steep_ratio``) and at most ``probe_growth`` times the largest epoch measured
+        (a probe into unmeasured superlinear work, or past a memory cliff, then misses by about
+        ``probe_growth`` for quadratic work); ``inf`` before any epoch was measured (the start
+        size is sized from the fixed cost)."""
+        if not len(self.curve):
+            return math.inf
+        growth = self.config.probe_growth * (2.0 if self.curve.linear() else 1.0)
+        return min(self.curve.limit(self.config.steep_ratio), growth * self.curve.largest())
+
+    def wall_cap(self, max_wall_s: float | None) -> float:
+        """A group's predicted wall is bounded by the freshness SLA (when given) and by ``max_group_wall_s``."""
+        cap = self.config.max_group_wall_s
+        return cap if max_wall_s is None or max_wall_s <= 0 else min(cap, max_wall_s)
+
+    def _guard(self, plan: EpochPlan, cu: CatchUp) -> EpochPlan:
+        """Enforce the bounds on any plan: an epoch beyond the size limit is split into more
+        epochs of the largest allowed size (the same files, k up); k is cut to what fits the wall
+        bound (at least one epoch). The prediction is the plan's own unless the guard changed the
+        size; the wall bound uses the larger of it and the cost curve's."""
+        x, k, notes = plan.epoch_size, plan.k, []
+        per_epoch = max(0.0, (plan.predicted_wall_s - cu.fixed) / max(plan.k, 1))
+        if x > cu.x_bound:
+            x = cu.x_bound
+            k = max(1, min(cu.k_max, math.ceil(plan.epoch_size * plan.k / x)))
+            notes.append(f"epoch {plan.epoch_size} -> {x} files (size limit "
+                         f"{self.size_limit_records():.0f} records)")
+            measured = float(self.curve.seconds(x * cu.per_file)) if len(self.curve) else math.nan
+            per_epoch = measured if math.isfinite(measured) else per_epoch * x / plan.epoch_size
+        bound_epoch = per_epoch
+        if len(self.curve):
+            measured = float(self.curve.seconds(x * cu.per_file))
+            if math.isfinite(measured):
+                bound_epoch = max(per_epoch, measured)
+        if k > 1 and cu.fixed + k * bound_epoch > cu.wall_cap:
+            k_new = max(1, int((cu.wall_cap - cu.fixed) // max(bound_epoch, 1e-9)))
+            if k_new < k:
+                notes.append(f"k {k} -> {k_new} (wall bound {cu.wall_cap:.0f} s)")
+                k = k_new
+        if k == 1 and x > 1 and len(self.curve) and cu.fixed + bound_epoch > cu.wall_cap:
+            # one epoch alone over the bound: the largest epoch whose predicted time fits
+            xs = np.arange(1, x)
+            fits = np.nonzero(cu.fixed + self.curve.seconds(xs * cu.per_file) <= cu.wall_cap)[0]
+            x_new = int(xs[fits[-1]]) if fits.size else 1
+            per_epoch = float(self.curve.seconds(x_new * cu.per_file))
+            notes.append(f"epoch {x} -> {x_new} files (wall bound {cu.wall_cap:.0f} s)")
+            x = x_new
+        if not notes:
+            return plan
+        return EpochPlan(x, k, plan.partitions, f"{plan.reason}; {'; '.join(notes)}", cu.fixed + k * per_epoch)
+
+    def _fallback_plan(self, cu: CatchUp) -> EpochPlan:
+        """After a bad miss: the last size that was stable (in records, at today's records per
+        file), else the most efficient size measured; the backlog in more epochs of it."""
+        records = self.stable_records or (self.curve.best() or (cu.per_file * self.last_x, 0.0))[0]
+        x = max(1, min(cu.x_bound, int(records // max(cu.per_file, 1e-9))))
+        per_epoch = float(self.curve.seconds(x * cu.per_file)) if len(self.curve) else 0.0
+        per_epoch = per_epoch if math.isfinite(per_epoch) else 0.0
+        k_wall = max(1, int((cu.wall_cap - cu.fixed) // max(per_epoch, 1e-9)))
+        k = max(1, min(cu.k_max, k_wall, math.ceil(max(cu.backlog_files, 1) / x)))
+        return EpochPlan(x, k, self.stable_partitions or cu.partitions, f"fallback: {self.fallback}",
+                         cu.fixed + k * per_epoch)
 
     # -- API ---------------------------------------------------------------------------------
     def propose(self, rate_rps: float, file_rate: float, coordination_s: float | None, k_cap: int,
-                backlog_files: int) -> EpochPlan:
-        """The next group's epoch size, k (<= k_cap) and partitions; does not change state.
-        ``coordination_s``: the measured fixed cost per group, ``None`` before the first group."""
-        plan = self._propose(rate_rps, file_rate, coordination_s, k_cap, backlog_files)
-        if rate_rps <= 0 or file_rate <= 0:  # the idle plan; max_files needs both rates
-            return plan
+                backlog_files: int, *, k_max: int | None = None, max_wall_s: float | None = None,
+                backlog_records: float | None = None) -> EpochPlan:
+        """The next group's epoch size, k (<= k_cap for a stable group, <= ``k_max`` to drain a
+        backlog) and partitions; does not change state. ``coordination_s``: the measured fixed
+        cost per group, ``None`` before the first group; ``max_wall_s``: the freshness SLA;
+        ``backlog_records``: what the backlog holds, when the source can say."""
+        drain = ""
+        if rate_rps <= 0 or file_rate <= 0:
+            if backlog_files <= 0:  # the idle plan; max_files needs both rates
+                return EpochPlan(self.last_x, 1, self.config.initial_partitions, "idle: no arrivals measured", 0.0)
+            # a backlog always has a rate: what it holds, else the last one measured
+            rate_rps, file_rate, drain = self._backlog_rate(file_rate, backlog_files, backlog_records)
+        k_max = max(k_cap, k_max or k_cap)
+        cu = self._catch_up_context(rate_rps, file_rate, coordination_s, k_max, max_wall_s, backlog_files,
+                                    backlog_records)
+        if self.fallback:
+            plan = self._fallback_plan(cu)
+        else:
+            plan = self._propose(rate_rps, file_rate, coordination_s, k_cap, backlog_files, cu)
+        if drain:
+            plan = EpochPlan(plan.epoch_size, plan.k, plan.partitions, f"{drain}; {plan.reason}",
+                             plan.predicted_wall_s)
+        plan = self._guard(plan, cu)
         fit = self.epochs_in_memory(plan.epoch_size, self.max_files(rate_rps, file_rate))
         if plan.k <= fit:
             return plan
@@ -333,103 +530,136 @@ class EpochSizeController:
                          f"{plan.reason}; k {plan.k} -> {fit}: the group's reads fit the measured memory",
                          self.fixed_cost(coordination_s) + fit * per_epoch)
 
+    def _backlog_rate(self, file_rate: float, backlog_files: int,
+                      backlog_records: float | None) -> tuple[float, float, str]:
+        """Rates to size a backlog by when no arrivals were measured (arrivals stopped, or a
+        silence): the records the backlog holds per file, else the last rate measured."""
+        f = file_rate if file_rate > 0 else (self.last_rate[1] if self.last_rate else 1.0)
+        if backlog_records is not None and backlog_records > 0:
+            return backlog_records / backlog_files * f, f, "drain: no arrivals measured, sized by the backlog's records"
+        if self.last_rate:
+            r, f0 = self.last_rate
+            return r / f0 * f, f, f"drain: no arrivals measured, sized at the last measured rate ({r:.0f} records/s)"
+        return f, f, "drain: no arrivals ever measured, one record a file assumed"
+
+    def _catch_up_context(self, rate_rps: float, file_rate: float, coordination_s: float | None, k_max: int,
+                          max_wall_s: float | None, backlog_files: int, backlog_records: float | None) -> CatchUp:
+        # The next files are the backlog's oldest: they follow the last epoch run, and may hold
+        # more than today's rate says (a burst that ended, arrivals that paused): size by the largest.
+        per_file = max(rate_rps / file_rate, self.last_per_file)
+        backlog_pf = backlog_records / backlog_files if backlog_records and backlog_files > 0 else 0.0
+        per_file = max(per_file, backlog_pf)
+        limit = self.size_limit_records()
+        cap = self.max_files(rate_rps, file_rate)
+        x_bound = cap if not math.isfinite(limit) else max(1, min(cap, int(limit // max(per_file, 1e-9))))
+        b = rate_bin(rate_rps, self.config.rate_bin_ratio)
+        bs = self.bins.get(b)
+        return CatchUp(per_file=per_file, rate_per_file=max(rate_rps / file_rate, backlog_pf),
+                       fixed=self.fixed_cost(coordination_s), k_max=k_max, wall_cap=self.wall_cap(max_wall_s),
+                       backlog_files=backlog_files, x_bound=x_bound,
+                       partitions=bs.partitions if bs else self.config.initial_partitions)
+
     def _propose(self, rate_rps: float, file_rate: float, coordination_s: float | None, k_cap: int,
-                 backlog_files: int) -> EpochPlan:
-        if rate_rps <= 0 or file_rate <= 0:
-            return EpochPlan(self.last_x, 1, self.config.initial_partitions, "idle: no arrivals measured", 0.0)
+                 backlog_files: int, cu: CatchUp) -> EpochPlan:
         b = rate_bin(rate_rps, self.config.rate_bin_ratio)
         bs = self.bins.get(b) or self._new_bin(b)
         cap = self.max_files(rate_rps, file_rate)
         cell = bs.cells.get(bs.partitions) or self._new_cell(bs, self.start_size(rate_rps, file_rate,
                                                                                  coordination_s, cap))
         fixed = self.fixed_cost(coordination_s)
-        if self._learning(cell):
+        if self._learning(cell, bs.partitions, rate_rps / file_rate):
             # the probe is the epoch size; a backlog beyond one group is drained with more epochs
             # of it under the same fixed cost, rather than left to age behind a group of one
             x = min(cell.slow_x, cap)
-            k = min(max(cell.slow_k, backlog_files // x), max(k_cap, cell.slow_k))
+            k = min(max(cell.slow_k, backlog_files // x), max(cu.k_max, cell.slow_k))
             seen = cell.points.get(x)
             per_epoch = seen[0] if seen else self.epoch_seconds(x, rate_rps, file_rate)
             start = "" if cell.points else f", from the fixed cost {fixed:.1f} s"
             return EpochPlan(x, k, bs.partitions,
                              f"slow start ({len(cell.points)}/{self.config.min_points} sizes{start})",
                              fixed + k * per_epoch)
-        return self._model_plan(b, bs, cell, file_rate, fixed, k_cap, cap, backlog_files)
+        return self._model_plan(b, bs, cell, file_rate, fixed, k_cap, cap, backlog_files, cu)
 
     def record(self, *, rate_rps: float, file_rate: float, partitions: int, epoch_files: list[int],
                epoch_s: list[float], coordination_s: float, coordination_ewma_s: float, k_cap: int,
-               adaptive: bool = True, epoch_records: list[int] | None = None) -> str:
+               adaptive: bool = True, epoch_records: list[int] | None = None,
+               predicted_wall_s: float = 0.0, k_max: int | None = None) -> str:
         """Fold in a finished group; ``adaptive=False`` (catch-up or freshness-forced groups) only
         adds samples. ``epoch_records``: the records each epoch read (else estimated from the
-        rate, which before the first group is a guess). Returns what the controller did, for the log."""
+        rate, which before the first group is a guess). ``predicted_wall_s``: what its plan
+        predicted (0: unknown); a wall beyond ``miss_ratio`` times it sends the next group back to
+        the last size that was stable. Returns what the controller did, for the log."""
         cfg = self.config
-        if rate_rps <= 0 or not epoch_files:
+        if not epoch_files:
+            return "ignored: no epochs"
+        wall = coordination_s + sum(epoch_s)
+        missed = predicted_wall_s > 0 and wall > cfg.miss_ratio * predicted_wall_s
+        if epoch_records:
+            self.last_per_file = epoch_records[-1] / max(epoch_files[-1], 1)
+        if rate_rps <= 0 and epoch_records:  # the cost curve is in records: it learns without a rate
+            self.curve.add_group([float(n) for n in epoch_records], [float(t) for t in epoch_s], partitions,
+                                 replace=missed)
+        self.fallback = (f"the last group took {wall:.0f} s against {predicted_wall_s:.0f} s predicted"
+                         if missed else None)
+        if rate_rps <= 0:
             return "ignored: no rate"
+        self.last_rate = (float(rate_rps), float(file_rate))
         b = rate_bin(rate_rps, cfg.rate_bin_ratio)
         bs = self._bin(b)
         cap = self.max_files(rate_rps, file_rate)
         cell = self._cell(bs, partitions, self.start_size(rate_rps, file_rate, coordination_ewma_s, cap))
-        learning_before = self._learning(cell)
+        per_file = rate_rps / file_rate
+        learning_before = self._learning(cell, partitions, per_file)
         records = epoch_records or [x * rate_rps / file_rate for x in epoch_files]
         for x, s, n in zip(epoch_files, epoch_s, records, strict=True):
+            if missed:  # conditions changed: the old average no longer describes this size
+                cell.points.pop(int(x), None)
             cell.add(int(x), float(s), cfg.alpha)
             self.cost_samples.append((float(n), float(s)))
         del self.cost_samples[:-COST_SAMPLES]
+        self.curve.add_group([float(n) for n in records], [float(t) for t in epoch_s], partitions, replace=missed)
         full = [x for x in epoch_files if x == epoch_files[0]]
         x, k = int(epoch_files[0]), len(full)
         self.last_x = bs.last_x = x
-        if not adaptive or partitions != bs.partitions:
-            return "samples only"
         span = sum(epoch_files) / file_rate
-        wall = coordination_s + sum(epoch_s)
         stable = wall <= span  # for slow start; a learned point is only "unstable" beyond the margin
+        if stable and not missed:
+            self.stable_records = float(np.mean(records[:len(full)]))
+            self.stable_partitions = partitions
+        if not adaptive:
+            return "samples only" + ("; missed: falling back to the last stable size" if missed else "")
+        if partitions != bs.partitions:  # the model moved to another partition count: the bin follows
+            bs.partitions = partitions
+            cell = self._cell(bs, partitions, self.start_size(rate_rps, file_rate, coordination_ewma_s, cap))
+            learning_before = self._learning(cell, partitions, per_file)
         if learning_before:
             model_x = self.start_size(rate_rps, file_rate, coordination_ewma_s, cap)  # with this group's costs
             # k beyond the probe's own was drained backlog, not a probe of k
-            return self._slow_start_step(cell, x, min(k, max(cell.slow_k, 1)), stable, cap, k_cap, model_x)
-        bs.unstable = 0 if wall <= span + cfg.margin_s else bs.unstable + 1
-        if bs.unstable >= cfg.unstable_limit:  # operating conditions changed: relearn this bin
-            bs.unstable, bs.settled = 0, False
-            bs.local_opt.clear()
-            bs.cells = {partitions: _Cell(slow_x=min(cap, 2 * x), slow_k=k)}
-            return "conditions changed: relearning from a larger size"
-        if bs.settled or self._learning(cell):
-            return "settled" if bs.settled else "learning"
-        # Alg. 1 lines 4-8: is the measured time at the model's new size stable with margin?
-        fit = self._fit(b, partitions, cell)
-        limit = max(1, min(cap, int(cfg.explore_factor * fit[0][-1])))
-        best = smallest_stable_group(fit, coordination_ewma_s, file_rate, cfg.margin_s, k_cap, limit)
-        if best is None or best[0] not in cell.points:
-            return "converging"
-        bx, bk = best
-        measured = coordination_ewma_s + bk * cell.points[bx][0]
-        if measured + cfg.margin_s > bk * bx / file_rate:
-            return "converging"
-        bs.local_opt[partitions] = bk * bx / file_rate / 2 + measured  # mean latency at this local optimum
-        best_p = min(bs.local_opt, key=bs.local_opt.__getitem__)
-        if best_p == partitions:
-            i = cfg.partitions.index(partitions)
-            if i + 1 < len(cfg.partitions) and cfg.partitions[i + 1] not in bs.local_opt:
-                bs.partitions = cfg.partitions[i + 1]
-                return f"local optimum at {partitions} partitions; trying {bs.partitions}"
-        bs.partitions, bs.settled = best_p, True
-        return f"settled at {best_p} partitions"
+            return self._slow_start_step(cell, x, min(k, max(cell.slow_k, 1)), stable, cap, k_cap, model_x,
+                                         float(np.mean(records[:len(full)])), k_max or k_cap)
+        return "stable" if wall <= span + cfg.margin_s else "over the margin"
 
     def _slow_start_step(self, cell: _Cell, x: int, k: int, stable: bool, cap: int, k_cap: int,
-                         model_x: int) -> str:
+                         model_x: int, records: float = 0.0, k_max: int = 0) -> str:
         """TCP-like: grow the group until it is stable (to ``model_x``, the size the costs just
         measured call stable, when that is larger; else double), then probe sizes around the
-        smallest stable one (bisecting towards the largest unstable one, else stepping additively)."""
+        smallest stable one (bisecting towards the largest unstable one, else stepping additively).
+        An unstable probe in the steep part of the measured cost curve halves the epoch and
+        doubles k instead (superlinear work: smaller epochs cost less per record)."""
         if stable:
             cell.stable_min = x if not cell.stable_min else min(cell.stable_min, x)
         else:
             cell.unstable_max = max(cell.unstable_max, x)
         if not cell.stable_min:
             sizes = sorted(cell.points)
-            superlinear = False
+            superlinear = records > 0 and self.curve.rising(records)
             if len(sizes) >= 2:
                 lo, hi = sizes[-2], sizes[-1]
-                superlinear = cell.points[hi][0] / hi > 1.05 * cell.points[lo][0] / lo
+                superlinear = superlinear or cell.points[hi][0] / hi > 1.05 * cell.points[lo][0] / lo
+            if superlinear and x > 1 and records > 0 and self.curve.steep_at(records, self.config.steep_ratio):
+                cell.slow_x, cell.slow_k = max(1, x // 2), min(max(k_max, k_cap), 2 * k)
+                cell.unstable_max = 0  # sizes above are unstable for being too large, not too small
+                return "slow start: unstable in the steep part, half the epoch, twice the epochs"
             if (superlinear or x >= cap) and k < k_cap:
                 cell.slow_x, cell.slow_k = x, min(k_cap, 2 * k)
                 return "slow start: unstable, doubling k"
@@ -467,10 +697,14 @@ class EpochSizeController:
             "cost_samples": [list(sample) for sample in self.cost_samples],
             "memory": {"samples": [list(sample) for sample in self.memory_samples],
                        "budget_mb": self.memory_budget_mb, "unit": self.memory_unit},
+            "curve": self.curve.to_dict(),
+            "last_rate": list(self.last_rate) if self.last_rate else None,
+            "stable": {"records": self.stable_records, "partitions": self.stable_partitions},
+            "fallback": self.fallback,
+            "last_per_file": self.last_per_file,
             "bins": {
                 str(b): {
-                    "partitions": s.partitions, "settled": s.settled, "unstable": s.unstable, "last_x": s.last_x,
-                    "local_opt": {str(p): v for p, v in s.local_opt.items()},
+                    "partitions": s.partitions, "last_x": s.last_x,
                     "cells": {str(p): {"points": {str(x): v for x, v in c.points.items()},
                                        "slow_x": c.slow_x, "slow_k": c.slow_k, "slow_step": c.slow_step,
                                        "stable_min": c.stable_min, "unstable_max": c.unstable_max}
@@ -482,7 +716,8 @@ class EpochSizeController:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> EpochSizeController:
-        cfg = dict(data["config"])
+        # settings that no longer exist (saved by an older version) are dropped
+        cfg = {k: v for k, v in data["config"].items() if k in EpochSizeConfig.__dataclass_fields__}
         cfg["partitions"] = tuple(cfg["partitions"])
         ctl = cls(EpochSizeConfig(**cfg))
         ctl.last_x = int(data["last_x"])
@@ -491,10 +726,15 @@ class EpochSizeController:
         memory = data.get("memory", {})  # absent before memory was measured: the constant ceiling only
         ctl.memory_samples = [(float(r), float(m)) for r, m in memory.get("samples", [])]
         ctl.memory_budget_mb, ctl.memory_unit = memory.get("budget_mb"), memory.get("unit", "epoch")
+        # absent before the safety bounds: nothing measured yet, as for a new pipeline
+        ctl.curve = CostCurve.from_dict(data.get("curve"))
+        ctl.last_rate = tuple(data["last_rate"]) if data.get("last_rate") else None  # type: ignore[assignment]
+        stable = data.get("stable") or {}
+        ctl.stable_records, ctl.stable_partitions = float(stable.get("records", 0.0)), int(stable.get("partitions", 0))
+        ctl.fallback = data.get("fallback")
+        ctl.last_per_file = float(data.get("last_per_file", 0.0))
         for b, s in data["bins"].items():
-            bs = _Bin(partitions=int(s["partitions"]), settled=bool(s["settled"]), unstable=int(s["unstable"]),
-                      last_x=int(s["last_x"]),
-                      local_opt={int(p): float(v) for p, v in s["local_opt"].items()})
+            bs = _Bin(partitions=int(s["partitions"]), last_x=int(s["last_x"]))
             for p, c in s["cells"].items():
                 bs.cells[int(p)] = _Cell(points={int(x): [float(v[0]), int(v[1])] for x, v in c["points"].items()},
                                          slow_x=int(c["slow_x"]), slow_k=int(c["slow_k"]),

@@ -55,12 +55,18 @@ class GroupSizeController:
         if self.k == 0:
             self.k = self.config.k0
 
-    def observe(self, coordination_s: float, wall_s: float, epochs_run: int) -> int:
-        """Fold in one finished group and apply the AIMD rule; returns the new k."""
+    def observe(self, coordination_s: float, wall_s: float, epochs_run: int, adjust: bool = True) -> int:
+        """Fold in one finished group and apply the AIMD rule; returns the new k. ``adjust=False``
+        (a catch-up or drain group, whose k the backlog set) only updates the coordination time."""
         if wall_s <= 0 or coordination_s < 0 or epochs_run < 1:
             raise ValueError(f"bad group measurement: coordination={coordination_s}, wall={wall_s}, "
                              f"epochs={epochs_run}")
         a = self.config.alpha
+        if not adjust:
+            self.coordination_s = (coordination_s if self.coordination_s is None
+                                   else a * coordination_s + (1 - a) * self.coordination_s)
+            self.last_action = "hold: not the controllers' own group"
+            return self.k
         sample = min(1.0, coordination_s / wall_s)
         self.overhead = sample if self.overhead is None else a * sample + (1 - a) * self.overhead
         self.coordination_s = (coordination_s if self.coordination_s is None

@@ -18,7 +18,7 @@ from sluice.control.group_size import GroupSizeConfig, GroupSizeController
 
 #: Decision reasons whose groups must not move the learning state (their size was not a probe).
 NON_ADAPTIVE = ("catch-up", "overload", "freshness", "idle", "drain", "arrivals stopped", "deadline", "fixed sizes",
-                "retry")
+                "retry", "fallback")
 
 
 def adaptive_reason(reason: str) -> bool:
@@ -53,6 +53,7 @@ class GroupResult:
     reason: str = ""
     epoch_records: tuple[int, ...] = ()  # input records per epoch; () = unknown, estimated from the rate
     memory: tuple[MemorySample, ...] = ()  # what its reads held in Spark's memory (classic Spark only)
+    predicted_wall_s: float = 0.0  # what its plan predicted (0: unknown); a bad miss triggers a fallback
 
     @property
     def wall_s(self) -> float:
@@ -61,12 +62,16 @@ class GroupResult:
 
 @dataclass(frozen=True)
 class Observation:
-    """The sensor's view: arrival rate (records/s, files/s), backlog in files, the last group."""
+    """The sensor's view: arrival rate (records/s, files/s), backlog in files, the last group;
+    the freshness SLA bounds a group's predicted wall, and what the backlog holds (records, when
+    the source can say) sizes its epochs when it holds more per file than the rate says."""
 
     rate_rps: float
     file_rate: float
     backlog_files: int
     last_group: GroupResult | None = None
+    freshness_sla_s: float | None = None
+    backlog_records: float | None = None
 
 
 @dataclass(frozen=True)
@@ -105,14 +110,17 @@ class ControlState:
             return self.last_note
         if len(result.epoch_files) != len(result.epoch_s) or not result.epoch_files:
             raise ValueError(f"group {result.group_id}: need one time per epoch")
-        self.group.observe(result.coordination_s, result.wall_s, len(result.epoch_files))
         adaptive = adaptive_reason(result.reason)
+        # A drain's k is the backlog's, not a setting: only the controllers' own groups move AIMD
+        # (a long catch-up would otherwise walk k down, step by step, to 1).
+        self.group.observe(result.coordination_s, result.wall_s, len(result.epoch_files), adjust=adaptive)
         note = self.epoch.record(
             rate_rps=result.rate_rps, file_rate=result.file_rate, partitions=result.partitions,
             epoch_files=list(result.epoch_files), epoch_s=list(result.epoch_s),
             epoch_records=list(result.epoch_records) or None,
             coordination_s=result.coordination_s, coordination_ewma_s=self.group.coordination_s or 0.0,
-            k_cap=self.group.k, adaptive=adaptive)
+            k_cap=self.group.k, adaptive=adaptive, predicted_wall_s=result.predicted_wall_s,
+            k_max=self.group.config.k_max)
         for sample in result.memory:
             self.epoch.record_memory(sample.records, sample.peak_mb, sample.spilled_mb, sample.budget_mb, sample.unit)
         self.last_group_id = result.group_id
@@ -136,7 +144,8 @@ def plan_next(state: ControlState, observation: Observation) -> Decision:
     if observation.last_group is not None:
         state.record(observation.last_group)
     plan = state.epoch.propose(observation.rate_rps, observation.file_rate, state.group.coordination_s,
-                               state.group.k, observation.backlog_files)
+                               state.group.k, observation.backlog_files, k_max=state.group.config.k_max,
+                               max_wall_s=observation.freshness_sla_s, backlog_records=observation.backlog_records)
     return Decision(plan.epoch_size, plan.k, plan.partitions, plan.reason, plan.predicted_wall_s)
 
 
@@ -156,9 +165,10 @@ def deadline_plan(backlog_files: int, oldest_age_s: float, freshness_sla_s: floa
                   max_k: int, partitions: int, coordination_s: float | None,
                   seconds_per_file: float | None, lead_s: float = 0.0) -> tuple[Decision, str | None]:
     """The plan and firing rule of ``control.objective: cost``: wait as long as the freshness SLA
-    allows, then take the whole backlog in one group (epochs as large as the memory budget
-    allows, ``max_epoch_files``), so nothing runs between groups and each group's fixed costs
-    (Spark start, Airflow tasks, per-epoch commits) are paid as rarely as the SLA permits.
+    allows, then take the whole backlog in one group (epochs as large as the memory budget and
+    the steep part of the measured cost curve allow, ``max_epoch_files``), so nothing runs
+    between groups and each group's fixed costs (Spark start, Airflow tasks, per-epoch commits)
+    are paid as rarely as the SLA permits.
 
     Fires ("freshness") once ``oldest_age_s + predicted wall + lead_s`` reaches the SLA, the
     wall being the measured coordination plus the measured seconds per file times the group's

@@ -5,19 +5,27 @@ dicts, as the Delta twin takes them.
 The transform: a record ``{"k": <key>, "n": <int>}`` is valid; the ``counts`` sink adds ``n``
 per ``k`` (aggregate), the ``clean`` sink appends the record with its file and line. A line that
 is not a JSON object, or lacks ``k``/``n``, goes to ``_rejected``. A record whose ``k`` is
-``"POISON"`` makes the transform fail (a poison record: only skipping its file helps).
+``"POISON"`` makes the transform fail (a poison record: only skipping its file helps). A record
+whose ``k`` is ``"INVALID"`` passes the transform but fails the ``counts`` sink's expectation
+(``k`` not in ``{"INVALID"}``) under the ``fail`` policy: the epoch fails validation and the
+pipeline halts, until the operator's fix (``fixed()``: a new check) sends it to ``_rejected``.
 """
 
 from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from typing import Any
 
 from sluice.compute import QUARANTINE, REJECTED, Compute, Prepared
 from sluice.model import Epoch, EpochRange
+from sluice.validation import SinkValidation
 
 POISON = "POISON"
+INVALID = "INVALID"
+#: The reason the fixed spec's check gives an INVALID record.
+INVALID_REASON = "check failed: k <> 'INVALID'"
 
 
 class PoisonError(RuntimeError):
@@ -45,7 +53,12 @@ def file_lines(path: str) -> list[str]:
 
 
 class TwinCompute(Compute):
-    """The data plane of the simulation's pipelines (sinks ``counts`` and ``clean``)."""
+    """The data plane of the simulation's pipelines (sinks ``counts`` and ``clean``).
+    ``fixed()``: whether the operator has deployed the check that rejects INVALID records."""
+
+    def __init__(self, spec: Any, store: Any, fixed: Callable[[], bool] = lambda: False) -> None:
+        super().__init__(spec, store)
+        self.fixed = fixed
 
     def empty(self) -> dict[str, Any]:
         return {REJECTED: [], QUARANTINE: [], **{s.name: [] for s in self.spec.sinks}}
@@ -58,28 +71,45 @@ class TwinCompute(Compute):
         prepared = Prepared(list(epochs), time.monotonic(), {})
         rejected: list[dict[str, Any]] = []
         outputs: dict[str, list[dict[str, Any]]] = {s.name: [] for s in self.spec.sinks}
+        fixed = self.fixed()
         for epoch in epochs:
             records = self._records(epoch.start, epoch.end)
             prepared.n_input[epoch.epoch_id] = len(records)
-            bad = 0
+            bad = invalid = 0
+            epoch_rejected: list[dict[str, Any]] = []
+            epoch_outputs: dict[str, list[dict[str, Any]]] = {s.name: [] for s in self.spec.sinks}
             for path, line, text in records:
                 record, why = parse(text)
+                if record is not None and record["k"] == INVALID and fixed:
+                    record, why = None, INVALID_REASON
                 if record is None:
                     bad += 1
-                    rejected.append({"pipeline": self.spec.name, "epoch": epoch.epoch_id,
-                                     "generation": epoch.generation, "file": path, "line": line, "reason": why,
-                                     "record": text})
+                    epoch_rejected.append({"pipeline": self.spec.name, "epoch": epoch.epoch_id,
+                                           "generation": epoch.generation, "file": path, "line": line,
+                                           "reason": why, "record": text})
                     continue
                 if record["k"] == POISON:
                     raise PoisonError(f"the transform failed on {path} line {line}")
+                invalid += record["k"] == INVALID
                 for sink in self.spec.sinks:
                     row = dict(record) if sink.mode == "aggregate" else dict(record, file=path, line=line)
-                    outputs[sink.name].append(row)
+                    epoch_outputs[sink.name].append(row)
             prepared.n_rejected[epoch.epoch_id] = bad
+            counted = len(epoch_outputs["counts"])
+            prepared.results[epoch.epoch_id] = {"counts": SinkValidation(
+                "counts", invalid == 0, counted,
+                failed=[{"expectation": "expect_column_values_to_not_be_in_set", "column": "k",
+                         "unexpected_count": invalid}] if invalid else [])}
+            if invalid:  # the ``fail`` policy: this epoch and the later ones are not written
+                prepared.failed = epoch
+                break
+            prepared.committing.append(epoch)
+            rejected += epoch_rejected
+            for name, rows in epoch_outputs.items():
+                outputs[name] += rows
         prepared.rejected = rejected
         prepared.outputs = outputs
         prepared.counts = {name: len(rows) for name, rows in outputs.items()}
-        prepared.committing = list(epochs)
         return prepared
 
     def prepare_group(self, epochs: list[Epoch]) -> Prepared:

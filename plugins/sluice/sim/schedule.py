@@ -27,7 +27,6 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from sluice import boundary
 from sluice.model import PUBLISHED, UNPUBLISHED
 from sluice.protocol import planning, rules
 from sluice.sim import actors
@@ -78,7 +77,7 @@ def run_schedule(seed: int, workdir: Path, template: Path, *, keep: bool = False
         outcome.violations["stuck"] = str(exc)
     finally:
         world.sched.abandon()
-        boundary.HOOK = None
+        world.sched.uninstall()
         outcome.steps = world.sched.steps
         outcome.trace = world.sched.trace
         with _ENGINES_LOCK:
@@ -198,6 +197,8 @@ def _quiet(world: World, outcome: Outcome) -> bool:
         sched.drain()
         if exists and any(e.state in UNPUBLISHED for e in store.epochs(PIPELINE)):
             last = planning.halt_reason(store, PIPELINE, 3, 10) or "unpublished epochs"
+            if "failed validation" in last:  # the runbook: deploy the fix, then recover
+                world.fixed = True
             actors.recover_run(world, f"quiet__{runs}", take_over=True)
             continue
         drain = actors.dag_run(world, f"quiet_drain__{runs}", k=1000, epoch_size=1000)

@@ -58,6 +58,7 @@ class Actor:
     steps: list[str] = field(default_factory=list)
     keepers: list[list[Any]] = field(default_factory=list)  # [lease, ttl_s, last renewed]
     paused_at: float | None = None
+    skew: float = 0.0  # its host's clock runs this many seconds off the store's
     glet: _Greenlet | None = None
 
     @property
@@ -81,6 +82,7 @@ class Scheduler:
         self.pause_s: tuple[float, float] = (0.0, 0.0)
         self.faults = True
         self.log_steps = False  # every step in the trace (a replay's detail)
+        self.skew_s = 0.0  # each actor's host clock is off by up to this much (either way)
 
     # -- in the actor's greenlet -----------------------------------------------------------------
 
@@ -126,6 +128,8 @@ class Scheduler:
     def spawn(self, actor: Actor) -> Actor:
         actor.glet = _Greenlet(self._main, parent=self._hub)
         actor.glet.actor = actor
+        if self.skew_s:
+            actor.skew = self.rng.uniform(-self.skew_s, self.skew_s)
         self.actors.append(actor)
         return actor
 
@@ -239,11 +243,18 @@ class Scheduler:
         finally:
             self.faults = faults
 
+    def host_time(self) -> float:
+        """The clock of the host the running actor is on (the scheduler's own: virtual time)."""
+        actor = current()
+        return self.now + (actor.skew if actor is not None else 0.0)
+
     def install(self) -> None:
         boundary.HOOK = self.hook
+        boundary.CLOCK = self.host_time
 
     def uninstall(self) -> None:
         boundary.HOOK = None
+        boundary.CLOCK = None
 
     def abandon(self) -> None:
         """End every actor still going (a failed schedule): each is killed at its boundary."""

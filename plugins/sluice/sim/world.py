@@ -18,7 +18,7 @@ from typing import Any
 from sluice.delta.twin import TwinTables
 from sluice.model import Lease
 from sluice.protocol.runtime import Runtime
-from sluice.sim.compute import POISON, TwinCompute, parse
+from sluice.sim.compute import INVALID, POISON, TwinCompute, parse
 from sluice.sim.scheduler import Scheduler, current
 from sluice.spec import PipelineSpec
 from sluice.store import EpochStore
@@ -40,20 +40,22 @@ class Config:
     lines: int
     malformed_p: float
     poison: bool
+    invalid: bool
     chaos_steps: int
     kill_p: float
     pause_p: float
     vanish_p: float
     store_loss: bool
+    skew_s: float
 
     @classmethod
     def draw(cls, rng: random.Random) -> Config:
         return cls(commit=rng.choice(["group", "group", "epoch"]), epoch_files=rng.choice([1, 2, 3]),
                    group_epochs=rng.choice([1, 2, 3]), files=rng.randint(0, 4), lines=rng.randint(1, 3),
                    malformed_p=rng.choice([0.0, 0.3]), poison=rng.random() < 0.03,
-                   chaos_steps=rng.randint(10, 60), kill_p=rng.choice([0.0, 0.04, 0.1]),
+                   invalid=rng.random() < 0.05, chaos_steps=rng.randint(10, 60), kill_p=rng.choice([0.0, 0.04, 0.1]),
                    pause_p=rng.choice([0.0, 0.02, 0.05]), vanish_p=rng.choice([0.0, 0.0, 0.03]),
-                   store_loss=rng.random() < 0.04)
+                   store_loss=rng.random() < 0.04, skew_s=rng.choice([0.0, 0.0, TTL_S / 2, 3 * TTL_S]))
 
 
 def sim_spec(root: Path, config: Config, table_root: str | None = None) -> PipelineSpec:
@@ -63,6 +65,7 @@ def sim_spec(root: Path, config: Config, table_root: str | None = None) -> Pipel
     return PipelineSpec.model_validate({
         "name": PIPELINE, "schedule": "@continuous", "transform": "sim.transform",
         "source": {"type": "files", "path": str(root / "landing"), "format": "json", "pattern": "*.json",
+                   "settle_s": 0,  # files are renamed into place whole
                    "schema": {"k": "string", "n": "long"}, "required": ["k", "n"], "unknown_fields": "ignore"},
         "sinks": [{"name": "counts", "mode": "aggregate", "path": f"{tables}/counts", "keys": ["k"], "sums": ["n"]},
                   {"name": "clean", "mode": "append", "path": f"{tables}/clean"}],
@@ -90,13 +93,15 @@ class World:
         self.contents: dict[str, list[str]] = {}  # every file ever landed: its lines (the oracle's input)
         self.vanished: set[str] = set()
         self.dag_runs: dict[str, Any] = {}  # owner -> the actor of that DAG run
-        self.runtime = Runtime(self.tables, lambda spec, store, tables: TwinCompute(spec, store),
+        self.fixed = False  # the operator deployed the check that rejects INVALID records
+        self.runtime = Runtime(self.tables, lambda spec, store, tables: TwinCompute(spec, store, lambda: self.fixed),
                                keeper=self.keeper, alive=self.alive)
         self.events: list[dict[str, Any]] = []  # the Asset events the DAGs emitted
         self._files = 0
         self.sched.renew = self._renew
         self.sched.kill_p, self.sched.pause_p = self.config.kill_p, self.config.pause_p
         self.sched.pause_s = (1.3 * TTL_S, 4 * TTL_S)
+        self.sched.skew_s = self.config.skew_s
 
     # -- the store and the leases ---------------------------------------------------------------------
 
@@ -148,6 +153,8 @@ class World:
                     lines.append(json.dumps({"k": f"k{i}"}))
                 elif self.config.poison and self._files == 3 and i == 0:
                     lines.append(json.dumps({"k": POISON, "n": 1}))
+                elif self.config.invalid and self._files == 2 and i == 0:
+                    lines.append(json.dumps({"k": INVALID, "n": 1}))
                 else:
                     lines.append(json.dumps({"k": self.rng.choice("abcde"), "n": self.rng.randint(1, 9)}))
             path = self.root / "landing" / name
@@ -202,7 +209,7 @@ class World:
                     continue
                 for n, text in enumerate([t for t in self.contents.get(entry.path, []) if t.strip()], start=1):
                     record, _ = parse(text)
-                    if record is None:
+                    if record is None or record["k"] == INVALID:  # published only once the fix rejects it
                         rejected[(entry.path, n)] += 1
                     else:
                         counts[record["k"]] += record["n"]

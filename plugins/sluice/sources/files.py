@@ -4,19 +4,23 @@ Offsets are positions in a manifest of discovered files, persisted in the epoch 
 ordered by modification time, then path. A position never changes once given, so an epoch's
 range ``[start, end)`` always names the same files. Files must be immutable once they land:
 writers should write to a hidden name (``.name`` or ``_name``) and rename, which Spark and sluice
-both ignore until then.
+both ignore until then. A file written in place is registered only once it has settled
+(``settled``): unchanged for ``source.settle_s`` seconds.
 """
 
 from __future__ import annotations
 
+import errno
 import fnmatch
 import logging
 import os
 import re
 import shutil
-import time
-from typing import TYPE_CHECKING, Any
+import stat
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, BinaryIO
 
+from sluice.boundary import host_time
 from sluice.errors import SourceError
 from sluice.sources.base import Backlog, Source
 from sluice.spec import PipelineSpec
@@ -33,8 +37,10 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 #: Where a file landed again under a name already seen, with new content, is kept (in the
-#: landing folder, which listing ignores: ``_`` names), one immutable copy per version.
-RELANDED_DIR = os.path.join("_sluice", "relanded")
+#: landing folder, which listing ignores: ``_`` names), one immutable copy per version. Written
+#: only through real folders: a symbolic link on the way is refused (``_private_folder``).
+RELANDED_PARTS = ("_sluice", "relanded")
+RELANDED_DIR = os.path.join(*RELANDED_PARTS)
 _RELANDED = re.compile(r"^(?P<stem>.*)\.relanded-(?P<mtime_ns>\d+)-(?P<size>\d+)(?P<suffix>\.[^.]*)?$")
 
 #: What an operator can do about a file that is gone, unreadable or changed.
@@ -42,11 +48,70 @@ SKIP_HINT = ("Put the file back as it was, or skip it on purpose (recorded): tri
              "or `make skip-file PIPELINE=<name> FILE=<path> REASON=<why>`")
 
 
+@dataclass(frozen=True)
+class Sighting:
+    """A landed file as a poll saw it: its size and modification time, and since when (the
+    host's clock) it has looked like that."""
+
+    size: int
+    mtime: float
+    since: float
+
+
+def settled(size: int, mtime: float, now: float, settle_s: float, seen: Sighting | None) -> bool:
+    """Whether a landed file has stopped changing: nothing changed it for ``settle_s`` seconds,
+    as its modification time says (one poll is enough, in any process), or as the polls of one
+    source object saw it (``seen``: the earlier sighting; this covers a modification time ahead
+    of this host's clock). A change since the earlier sighting means it is being written,
+    whatever its modification time says. ``settle_s`` 0: every file is settled."""
+    if settle_s <= 0:
+        return True
+    if seen is not None and (seen.size, seen.mtime) != (size, mtime):
+        return False
+    return now - mtime >= settle_s or (seen is not None and now - seen.since >= settle_s)
+
+
+class LinkRefused(OSError):
+    """A path component sluice would write through is a symbolic link."""
+
+
+def _private_folder(root: str, parts: tuple[str, ...]) -> int:
+    """An open descriptor of ``root/parts...``, each part made if missing and opened without
+    following a symbolic link (raises ``LinkRefused`` naming the link): files created through
+    it stay inside ``root`` whatever links an uploader puts in the landing folder."""
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
+    path = root
+    try:
+        for part in parts:
+            path = os.path.join(path, part)
+            try:
+                os.mkdir(part, dir_fd=fd)
+            except FileExistsError:
+                pass
+            try:
+                child = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
+            except OSError as exc:
+                if exc.errno in (errno.ELOOP, errno.ENOTDIR) and stat.S_ISLNK(
+                        os.stat(part, dir_fd=fd, follow_symlinks=False).st_mode):
+                    raise LinkRefused(errno.ELOOP, "a symbolic link", path) from None
+                raise
+            os.close(fd)
+            fd = child
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
 class FileSource(Source):
     def __init__(self, spec: PipelineSpec, store: EpochStore) -> None:
         super().__init__(spec, store)
         self.folder = spec.landing_dir
         self.refused: list[str] = []  # of the last listing: symbolic links leading out of the folder
+        #: New files not settled yet, as this object's polls saw them (``settled``). Only a
+        #: long-lived object (a poller) has earlier sightings: between processes (the trigger
+        #: polls, a run discovers) the modification time alone decides.
+        self._sightings: dict[str, Sighting] = {}
 
     # -- discovery ---------------------------------------------------------------------------
 
@@ -93,9 +158,17 @@ class FileSource(Source):
         already seen, with new content (a daily export overwriting yesterday's), is new data:
         it is copied, as it is now, to ``_sluice/relanded/`` in the landing folder and that copy
         is registered, so its epoch can be read again however often the name is reused. (The
-        epoch of the previous content cannot be recomputed: that content is gone.)"""
+        epoch of the previous content cannot be recomputed: that content is gone.)
+
+        A file still being written (``settled``) is left for a later call: registered before it
+        settled, it would fail its epoch as changed, and each later size would be new data."""
         files = []
         unseen, seen_paths = self._unseen(self.list_folder())
+        unseen, settling = self._settle(unseen)
+        if settling:
+            log.info("pipeline %s: %d file(s) changed less than source.settle_s = %s s ago, registered once "
+                     "they settle: %s", self.spec.name, len(settling), self.spec.source.settle_s,
+                     ", ".join(p for p, _, _ in settling[:5]) + (" ..." if len(settling) > 5 else ""))
         for path, size, mtime in unseen:
             if path in seen_paths:
                 path, size, mtime = self._keep_copy(path)
@@ -109,6 +182,27 @@ class FileSource(Source):
         path seen before: a different size or modification time), and the paths seen before."""
         seen = {(self._original(p), size, mtime) for p, size, mtime in self.store.known_files(self.spec.name)}
         return [f for f in listing if f not in seen], {p for p, _, _ in seen}
+
+    def _settle(self, new: list[tuple[str, int, float]]) -> tuple[list[tuple[str, int, float]],
+                                                                   list[tuple[str, int, float]]]:
+        """``new`` files split into those that settled and those still settling (see ``settled``;
+        "now" is ``boundary.host_time()``, the simulation's virtual clock there)."""
+        now, settle_s = host_time(), self.spec.source.settle_s
+        ready, settling, sightings = [], [], {}
+        for path, size, mtime in new:
+            seen = self._sightings.get(path)
+            if settled(size, mtime, now, settle_s, seen):
+                ready.append((path, size, mtime))
+                continue
+            settling.append((path, size, mtime))
+            unchanged = seen is not None and (seen.size, seen.mtime) == (size, mtime)
+            sightings[path] = seen if unchanged else Sighting(size, mtime, now)
+            if mtime - now > settle_s and not unchanged:  # said once per change of the file
+                log.warning("pipeline %s: %s was modified %.0f s ahead of this host's clock (clocks out of "
+                            "sync?); it is registered once unchanged for %s s", self.spec.name, path,
+                            mtime - now, settle_s)
+        self._sightings = sightings
+        return ready, settling
 
     @property
     def _relanded_dir(self) -> str:
@@ -124,38 +218,55 @@ class FileSource(Source):
 
     def _keep_copy(self, path: str) -> tuple[str, int, float]:
         """Copy the file as it is now (one open: a rename that replaces it meanwhile cannot mix
-        two versions) under a name that holds its modification time and size."""
+        two versions) under a name that holds its modification time and size. Nothing is
+        written through a symbolic link: an uploader's ``_sluice -> ../dags`` would otherwise
+        put the copy, its content, wherever the link leads."""
         folder = self._relanded_dir
         try:
-            os.makedirs(folder, exist_ok=True)
             with open(path, "rb") as src:
                 st = os.fstat(src.fileno())
                 stem, suffix = os.path.splitext(os.path.basename(path))
-                copy = os.path.join(folder, f"{stem}.relanded-{st.st_mtime_ns}-{st.st_size}{suffix}")
-                tmp = os.path.join(folder, f".{os.path.basename(copy)}.tmp")
-                with open(tmp, "wb") as dst:
-                    shutil.copyfileobj(src, dst)
-                os.utime(tmp, ns=(st.st_atime_ns, st.st_mtime_ns))
-                os.replace(tmp, copy)
+                name = f"{stem}.relanded-{st.st_mtime_ns}-{st.st_size}{suffix}"
+                tmp = f".{name}.tmp"
+                dir_fd = _private_folder(os.path.abspath(self.folder), RELANDED_PARTS)
+                try:
+                    try:  # a temporary file left by a crash, or a link put there: removed, never followed
+                        os.unlink(tmp, dir_fd=dir_fd)
+                    except FileNotFoundError:
+                        pass
+                    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+                    with os.fdopen(os.open(tmp, flags, 0o666, dir_fd=dir_fd), "wb") as dst:
+                        shutil.copyfileobj(src, dst)
+                        dst.flush()
+                        os.utime(dst.fileno(), ns=(st.st_atime_ns, st.st_mtime_ns))
+                    os.replace(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)  # a link there is replaced
+                    kept = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+                finally:
+                    os.close(dir_fd)
+        except LinkRefused as exc:
+            raise SourceError(f"pipeline {self.spec.name!r}: {path} landed again with new content, and its copy "
+                              f"was not kept: {exc.filename} is a symbolic link. sluice never writes through a "
+                              f"link in the landing folder (it could lead anywhere, such as the DAGs folder); "
+                              f"remove it ({RELANDED_DIR} must be plain folders, or absent)") from None
         except OSError as exc:
             raise SourceError(f"pipeline {self.spec.name!r}: {path} landed again with new content, and its copy "
                               f"could not be kept in {folder}: {exc.strerror or exc}") from None
-        kept = os.stat(copy)
-        return copy, kept.st_size, kept.st_mtime
+        return os.path.join(folder, name), kept.st_size, kept.st_mtime
 
     def backlog(self, listing: list[tuple[str, int, float]] | None = None) -> Backlog:
         """Unplanned data: manifest entries past the next offset plus files not yet registered
         (``listing``: a ``list_folder()`` result the caller already has).
 
-        Read-only (it registers nothing), so the backlog trigger can poll it cheaply.
+        Read-only (it registers nothing), so the backlog trigger can poll it cheaply. A file still
+        being written is not counted until it settles (``discover`` would not register it).
         """
         next_offset = self.store.next_offset(self.spec.name)
         pending = self.store.manifest(self.spec.name, start=next_offset)
         listing = self.list_folder() if listing is None else listing
-        new, _ = self._unseen(listing)
+        new, _ = self._settle(self._unseen(listing)[0])
         sizes = [e.size for e in pending] + [f[1] for f in new]
         mtimes = [e.mtime for e in pending] + [f[2] for f in new]
-        oldest = time.time() - min(mtimes) if mtimes else None
+        oldest = host_time() - min(mtimes) if mtimes else None
         return Backlog(files=len(sizes), bytes=sum(sizes), oldest_age_s=oldest, next_offset=next_offset,
                        refused=tuple(self.refused), arrivals=tuple(f[2] for f in listing))
 
@@ -171,23 +282,43 @@ class FileSource(Source):
         records). Files an operator skipped (``sluice_skip_file``) are left out."""
         entries = [e for e in self.entries(start, end) if e.skipped is None]
         for entry in entries:
-            try:
-                st = os.stat(entry.path)
-                with open(entry.path, "rb") as fh:
-                    fh.read(1)
-            except FileNotFoundError:
-                raise SourceError(f"pipeline {self.spec.name!r}: file {entry.path} (offset "
-                                  f"{entry.position}) is no longer in the landing folder. {SKIP_HINT}") from None
-            except OSError as exc:
-                raise SourceError(f"pipeline {self.spec.name!r}: cannot read file {entry.path} "
-                                  f"(offset {entry.position}): {exc.strerror or exc}. {SKIP_HINT}") from None
-            if st.st_size != entry.size or st.st_mtime != entry.mtime:
-                raise SourceError(f"pipeline {self.spec.name!r}: file {entry.path} (offset {entry.position}) "
-                                  f"changed after it was discovered (size {entry.size} -> {st.st_size} "
-                                  "bytes, or its modification time); landed files must be immutable. Landed again "
-                                  "with new content on purpose? The new content is read as new data (kept under "
-                                  f"{RELANDED_DIR}); this range's old content is gone. {SKIP_HINT}")
+            with self._open(entry) as fh:
+                fh.read(1)
         return entries
+
+    def read_bytes(self, entry: ManifestEntry) -> bytes:
+        """The content of a retained file, for a reader in plain Python: exactly the registered
+        bytes, or ``SourceError`` naming the file (it changed since ``check_retained``)."""
+        with self._open(entry) as fh:
+            data = fh.read(entry.size + 1)  # one byte more: one appended meanwhile shows
+            if len(data) != entry.size:
+                raise self._changed(entry, os.fstat(fh.fileno()).st_size)
+        return data
+
+    def _open(self, entry: ManifestEntry) -> BinaryIO:
+        """``entry``'s file, opened for reading, after checking (on the open file: no rename
+        can slip between check and read) that it still has its registered size and
+        modification time."""
+        try:
+            fh = open(entry.path, "rb")
+        except FileNotFoundError:
+            raise SourceError(f"pipeline {self.spec.name!r}: file {entry.path} (offset "
+                              f"{entry.position}) is no longer in the landing folder. {SKIP_HINT}") from None
+        except OSError as exc:
+            raise SourceError(f"pipeline {self.spec.name!r}: cannot read file {entry.path} "
+                              f"(offset {entry.position}): {exc.strerror or exc}. {SKIP_HINT}") from None
+        st = os.fstat(fh.fileno())
+        if st.st_size != entry.size or st.st_mtime != entry.mtime:
+            fh.close()
+            raise self._changed(entry, st.st_size)
+        return fh
+
+    def _changed(self, entry: ManifestEntry, size: int) -> SourceError:
+        return SourceError(f"pipeline {self.spec.name!r}: file {entry.path} (offset {entry.position}) "
+                           f"changed after it was discovered (size {entry.size} -> {size} "
+                           "bytes, or its modification time); landed files must be immutable. Landed again "
+                           "with new content on purpose? The new content is read as new data (kept under "
+                           f"{RELANDED_DIR}); this range's old content is gone. {SKIP_HINT}")
 
     def read(self, spark: SparkSession, start: int, end: int) -> DataFrame:
         """Read exactly the files of ``[start, end)`` (less any an operator skipped).
@@ -233,17 +364,21 @@ class FileSource(Source):
         )
         return df.withColumn("_epoch", epoch_of(F.col("_file"))) if epoch_of else df
 
-    @staticmethod
-    def _lines(spark: SparkSession, entries: list[ManifestEntry],
+    def _lines(self, spark: SparkSession, entries: list[ManifestEntry],
                epoch_of: Callable[[Column], Column] | None = None) -> DataFrame:
         """Numbered lines (``_file``, ``_line``, ``_text``, and ``_epoch = epoch_of(_file)``) of
         JSON or CSV files: small files whole (one row per file, split here: cheap for many
-        small files); large ones line by line, so one file never has to fit in a single string."""
+        small files); large ones line by line, so one file never has to fit in a single string.
+
+        Spark reads lazily, after ``check_retained``: a small file's bytes are checked against
+        its registered size as they are read (one comparison per file). A large file read line
+        by line is not (its line ends are gone by then); settling (``settled``) is its guard."""
         from functools import reduce
 
-        small = [e.path for e in entries if e.size <= WHOLE_FILE_MAX_BYTES]
+        small = [e for e in entries if e.size <= WHOLE_FILE_MAX_BYTES]
         large = [e.path for e in entries if e.size > WHOLE_FILE_MAX_BYTES]
-        parts = ([split_lines(spark.read.text(small, wholetext=True), epoch_of)] if small else []) + (
+        parts = ([split_lines(spark.read.text([e.path for e in small], wholetext=True), epoch_of,
+                              sizes={e.path: e.size for e in small}, pipeline=self.spec.name)] if small else []) + (
             [number_lines(spark, large, epoch_of)] if large else [])
         return reduce(lambda a, b: a.unionByName(b), parts)
 
@@ -256,6 +391,8 @@ class FileSource(Source):
 
 #: Files up to this size are read whole and split into lines; larger ones line by line.
 WHOLE_FILE_MAX_BYTES = 8 * 1024 * 1024
+#: The UTF-8 byte-order mark, as Spark's text columns hold it (U+FEFF).
+BOM = "\ufeff"
 
 
 def file_name(uri: Column) -> Column:
@@ -266,19 +403,39 @@ def file_name(uri: Column) -> Column:
     return F.url_decode(F.regexp_replace(F.regexp_replace(uri, "^file:", ""), "\\+", "%2B"))
 
 
-def split_lines(files: DataFrame, epoch_of: Callable[[Column], Column] | None = None) -> DataFrame:
+def split_lines(files: DataFrame, epoch_of: Callable[[Column], Column] | None = None,
+                sizes: dict[str, int] | None = None, pipeline: str = "") -> DataFrame:
     """``_file`` (its path), ``_line`` (1-based), ``_text`` (and ``_epoch = epoch_of(_file)``)
     from files read whole (one row per file): what depends on the file only is computed once
-    per file, before the split."""
+    per file, before the split. ``sizes`` (path -> registered bytes): a file read with other
+    bytes fails the read, naming it. A leading byte-order mark is not part of line 1 (Hadoop's
+    line reader, behind ``number_lines``, skips it by itself)."""
+    from itertools import chain
+
     from pyspark.sql import functions as F
 
     files = files.select(file_name(F.col("_metadata.file_path")).alias("_file"), "value")
+    if sizes is not None:  # the raw bytes, before the split decodes them
+        read, registered = F.octet_length("value"), F.element_at(F.create_map(*chain.from_iterable(
+            (F.lit(p), F.lit(n).cast("long")) for p, n in sizes.items())), F.col("_file"))
+        files = files.withColumn("value", F.when(read == registered, F.col("value")).otherwise(F.raise_error(
+            F.concat(F.lit(f"pipeline {pipeline!r}: file "), F.col("_file"), F.lit(" was read with "),
+                     read.cast("string"), F.lit(" bytes, registered with "), registered.cast("string"),
+                     F.lit("; it changed after it was discovered (landed files must be immutable)")))))
     if epoch_of:
         files = files.withColumn("_epoch", epoch_of(F.col("_file")))
     epoch = ["_epoch"] if epoch_of else []
     return files.select(
-        "_file", *epoch, F.posexplode(F.split(F.col("value"), "\r?\n")).alias("_pos", "_text"),
+        "_file", *epoch, F.posexplode(F.split(strip_bom(F.col("value")), "\r?\n")).alias("_pos", "_text"),
     ).select("_file", (F.col("_pos") + 1).alias("_line"), "_text", *epoch)
+
+
+def strip_bom(text: Column) -> Column:
+    """``text`` without a leading UTF-8 byte-order mark (Excel's "CSV UTF-8", Notepad and some
+    exporters write one), which would otherwise make a file's first record malformed."""
+    from pyspark.sql import functions as F
+
+    return F.when(text.startswith(BOM), F.substring(text, 2, 2**31 - 1)).otherwise(text)
 
 
 def number_lines(spark: SparkSession, paths: list[str],

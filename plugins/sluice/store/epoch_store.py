@@ -71,8 +71,9 @@ IDLE_IN_TRANSACTION_S = 60
 
 
 def utcnow() -> datetime:
-    """This host's clock, naive UTC (what a record says when something happened here)."""
-    return datetime.now(UTC).replace(tzinfo=None)
+    """This host's clock, naive UTC (what a record says when something happened here; never what
+    decides a lease: that is the store's clock, ``EpochStore.now``)."""
+    return datetime.fromtimestamp(boundary.host_time(), UTC).replace(tzinfo=None)
 
 
 def store_url() -> str:
