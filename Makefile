@@ -125,7 +125,7 @@ test-full: setup kafka-jars system-packages lint
 # Everything, the further variants of tests (marker variant) included.
 test-all: setup kafka-jars system-packages lint
 	@mkdir -p $(CI_DIR)
-	@$(PY) -m pytest tests $(XDIST) $(REPORT)
+	@SLUICE_SIM_SCHEDULES=$${SLUICE_SIM_SCHEDULES:-5000} $(PY) -m pytest tests $(XDIST) $(REPORT)
 
 # The deterministic simulation of the protocol (sluice.sim): SCHEDULES random schedules from
 # SEED (default: a new one, printed), on every core; one JSON line at the end; fails on a violation.

@@ -94,10 +94,24 @@ def kafka():
     broker.stop()
 
 
+# The longest test files, longest first (from var/ci/junit.xml of a CI run: python -m
+# tests.durations var/ci/junit.xml --by-file). Under --dist loadfile a worker takes the next
+# file in collection order when it is free: the long ones first, the many short ones fill the
+# end, and neither worker idles through a long file the other started late.
+LONGEST_FIRST = ("tests/acceptance/test_readme_path.py", "tests/integration/test_exactly_once.py",
+                 "tests/airflow/test_real_airflow.py", "tests/integration/test_operations.py",
+                 "tests/integration/test_kafka_source.py", "tests/airflow/test_dag_test.py",
+                 "tests/airflow/test_console.py", "tests/unit/test_simulation.py",
+                 "tests/package/test_installed.py", "tests/integration/test_bad_input.py")
+
+
 def pytest_collection_modifyitems(config, items):
-    """``@pytest.mark.postgres_variant``: the test's Postgres run (``store_backend``) moves to
-    ``make test-all``; CI keeps its SQLite run (a crash point whose store steps are the same
-    SQL on both; the contended, fencing and take-over cases stay on both stores)."""
+    """Longest files first (``LONGEST_FIRST``). ``@pytest.mark.postgres_variant``: the test's
+    Postgres run (``store_backend``) moves to ``make test-all``; CI keeps its SQLite run (a crash
+    point whose store steps are the same SQL on both; the contended, fencing and take-over cases
+    stay on both stores)."""
+    rank = {path: i for i, path in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.nodeid.split("::", 1)[0], len(rank)))  # stable: the rest as collected
     for item in items:
         callspec = getattr(item, "callspec", None)
         if (item.get_closest_marker("postgres_variant") and callspec is not None

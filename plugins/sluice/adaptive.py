@@ -218,6 +218,10 @@ def drain_decision(spec: PipelineSpec, store: EpochStore, state: ControlState, b
     and memory bounds), as many as the backlog holds, the memory budget allows and the freshness
     SLA bounds the group's predicted wall; never one larger epoch."""
     epoch_size = max(1, min(backlog_files, planned.epoch_size))
+    if state.epoch.last_rate is None and not state.epoch.curve.samples(planned.partitions):
+        # Nothing measured yet: the controllers' size rests on "one record a file", which makes
+        # any epoch look cheap. The spec's first size (control.epoch_files) is all that is known.
+        epoch_size = max(1, min(backlog_files, spec.control.epoch_files))
     fixed = state.epoch.fixed_cost(state.group.coordination_s)
     per_epoch = max(0.0, (planned.predicted_wall_s - fixed) / planned.k) if planned.k else 0.0
     k = min(math.ceil(backlog_files / epoch_size), spec.control.max_group_epochs,

@@ -86,6 +86,17 @@ def test_a_backlog_with_no_arrivals_drains_in_one_group(log):
     assert odd.decision.epoch_size * odd.decision.k >= 37 and odd.fire == "drain"
 
 
+def test_a_first_drain_with_nothing_measured_takes_epochs_of_the_specs_size(log):
+    """Before any group was measured the controllers assume one record a file, which makes any
+    epoch look cheap: a first drain took a 16-file backlog as one epoch (the README walk's
+    rollback to epoch 1 then had nothing to roll back). It takes control.epoch_files-sized
+    epochs, more of them."""
+    spec = make_pipeline("adaptive_first_drain", **{"control.adaptive": True, "control.epoch_files": 4})
+    verdict = adaptive.decide(spec, log, backlog_files=16, oldest_age_s=600.0, mtimes=[1.0] * 16)
+    assert verdict.fire == "drain"
+    assert (verdict.decision.epoch_size, verdict.decision.k) == (4, 4), verdict.decision
+
+
 def test_objective_cost_waits_for_the_deadline_then_takes_the_whole_backlog(log):
     spec = make_pipeline("adaptive_cost", **{"control.adaptive": True, "control.objective": "cost",
                                              "control.freshness_sla_s": 60, "control.poll_interval_s": 1})

@@ -375,3 +375,24 @@ def _no_hook():
 
 
 assert Path  # (used in type hints of fixtures above)
+
+
+def test_a_refused_rebuild_names_the_store_without_its_password(tmp_path):
+    """Issue 37: an error put the store URL, password included, in its message (and so in task
+    logs). The rebuild refused into a store that holds the pipeline names it redacted."""
+    from sluice.errors import SluiceError
+    from sluice.sim.world import sim_spec
+
+    class KnownPipelineStore:  # only what rebuild_store reads before it refuses
+        url = "postgresql+psycopg://sluice:s3cret-pw@db.internal:5432/sluice"
+
+        def pending_rollback(self, pipeline):
+            return None
+
+        def knows(self, pipeline, **_):
+            return True
+
+    spec = sim_spec(tmp_path, QUIET)
+    with pytest.raises(SluiceError, match="already holds this pipeline") as refused:
+        operations.rebuild_store(spec, KnownPipelineStore(), None, "owner")
+    assert "s3cret-pw" not in str(refused.value) and "db.internal" in str(refused.value), refused.value

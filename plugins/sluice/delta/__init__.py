@@ -138,6 +138,20 @@ class Tables(ABC):
     def restorable(self, path: str, version: int) -> str | None:
         """Why ``version`` cannot be restored (its log or files were cleaned up), or ``None``."""
 
+    def refuse_restore(self, path: str, version: int, recorded: int | None, txn: Txn) -> None:
+        """Raise unless ``txn`` may RESTORE ``path`` to ``version``: a newer owner's token
+        recorded there (``FencedError``; Delta's own RESTORE honours no txn, so every
+        implementation checks it in the RESTORE's transaction), or the version cleaned up."""
+        from sluice.errors import FencedError, SluiceError
+        from sluice.protocol.rules import fenced_out, txn_token
+
+        if fenced_out(recorded, txn_token(txn.version)):
+            raise FencedError(f"table {path}: a newer owner's token {txn_token(recorded)} is recorded "
+                              f"({txn.app_id}); token {txn_token(txn.version)} may not restore it")
+        problem = self.restorable(path, version)
+        if problem:
+            raise SluiceError(problem)
+
     @abstractmethod
     def optimize(self, path: str) -> Any:
         """Compact the table's files (no data change, no txn)."""

@@ -31,7 +31,7 @@ from sluice import boundary
 from sluice.delta import Restored, Tables, TableShape, Written, commit_of
 from sluice.errors import FencedError, SluiceError
 from sluice.model import TableCommit, Txn
-from sluice.protocol.rules import fenced_out, txn_token
+from sluice.protocol.rules import txn_token
 from sluice.sinks import layout
 from sluice.spark import is_connect
 
@@ -346,12 +346,7 @@ class SparkTables(Tables):
         snapshot = otx.snapshot()
         recorded = int(otx.txnVersion(txn.app_id))  # registers the read: a concurrent same-app commit conflicts
         recorded_or_none = None if recorded < 0 else recorded
-        if fenced_out(recorded_or_none, txn_token(txn.version)):
-            raise FencedError(f"table {path}: a newer owner's token {txn_token(recorded)} is recorded "
-                              f"({txn.app_id}); token {txn_token(txn.version)} may not restore it")
-        problem = self.restorable(path, version)
-        if problem:
-            raise SluiceError(problem)
+        self.refuse_restore(path, version, recorded_or_none, txn)
         none = jvm.scala.Option.empty()
         target = dlog.getSnapshotAt(version, none, none, False)
         otx.readWholeTable()  # any concurrent data change conflicts with the restore
@@ -402,12 +397,7 @@ class SparkTables(Tables):
 
     def _restore_by_overwrite(self, path: str, version: int, txn: Txn, metadata: str) -> Restored:
         recorded = self.txn_version(path, txn.app_id)
-        if fenced_out(recorded, txn_token(txn.version)):
-            raise FencedError(f"table {path}: a newer owner's token {txn_token(recorded)} is recorded "
-                              f"({txn.app_id}); token {txn_token(txn.version)} may not restore it")
-        problem = self.restorable(path, version)
-        if problem:
-            raise SluiceError(problem)
+        self.refuse_restore(path, version, recorded, txn)
         before = self.version(path)
         meta = dict(json.loads(metadata), restore_to=version)
         kept = txn.version if recorded is None or recorded < txn.version else recorded + 1

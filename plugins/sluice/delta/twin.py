@@ -19,9 +19,8 @@ from typing import Any
 
 from sluice import boundary
 from sluice.delta import Restored, Tables, TableShape, Written, commit_of
-from sluice.errors import FencedError, SluiceError
+from sluice.errors import SluiceError
 from sluice.model import TableCommit, Txn
-from sluice.protocol.rules import fenced_out, txn_token
 
 
 class TableNotFound(SluiceError):
@@ -251,12 +250,7 @@ class TwinTables(Tables):
         table = self._table(path)
         read_version = table.latest
         recorded = table.txns().get(txn.app_id)
-        if fenced_out(recorded, txn_token(txn.version)):
-            raise FencedError(f"table {path}: a newer owner's token {txn_token(recorded)} is recorded "
-                              f"({txn.app_id}); token {txn_token(txn.version)} may not restore it")
-        problem = self.restorable(path, version)
-        if problem:
-            raise SluiceError(problem)
+        self.refuse_restore(path, version, recorded, txn)
         target, live = table.live(version), table.live(read_version)
         adds, removes = [n for n in target if n not in live], [n for n in live if n not in target]
         keep = txn if recorded is None or recorded < txn.version else Txn(txn.app_id, recorded)

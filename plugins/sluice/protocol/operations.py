@@ -47,7 +47,7 @@ from sluice.protocol.tables import pipeline_tables
 from sluice.sources import source_for
 from sluice.spec import PipelineSpec, SourceSpec
 from sluice.store import EpochStore, records
-from sluice.store.epoch_store import REBUILD_MARGIN, token_base, utcnow
+from sluice.store.epoch_store import REBUILD_MARGIN, redacted, token_base, utcnow
 
 if TYPE_CHECKING:
     from sluice.protocol.runtime import Runtime
@@ -429,7 +429,7 @@ def rebuild_store(spec: PipelineSpec, store: EpochStore, runtime: Runtime, owner
     pending = store.pending_rollback(spec.name)
     resuming = bool(pending and pending.rebuild)
     if store.knows(spec.name) and not resuming:
-        raise SluiceError(f"pipeline {spec.name!r}: the epoch store at {store.url} already holds this "
+        raise SluiceError(f"pipeline {spec.name!r}: the epoch store at {redacted(store.url)} already holds this "
                           "pipeline; rebuild only into an empty store")
     tables = runtime.tables
     try:

@@ -30,7 +30,7 @@ from typing import Any
 from sluice.model import PUBLISHED, UNPUBLISHED
 from sluice.protocol import planning, rules
 from sluice.sim import actors
-from sluice.sim.scheduler import Stuck
+from sluice.sim.scheduler import Actor, Stuck
 from sluice.sim.world import PIPELINE, TTL_S, ZOMBIE_AFTER_S, World
 from sluice.store import records
 from sluice.store.epoch_store import _ENGINES, _ENGINES_LOCK
@@ -88,18 +88,32 @@ def run_schedule(seed: int, workdir: Path, template: Path, *, keep: bool = False
     return outcome
 
 
-OPERATIONS = ("backfill", "clear", "rollback", "recover", "preview", "skip")
+EXTRA_STEPS = 150
+STEPS_PER_EVENT = (1, 4, 12)
+# A rollback twice as likely as the others: its RESTOREs are where a zombie does most harm.
+OPERATIONS = ("backfill", "clear", "rollback", "rollback", "recover", "preview", "skip")
 
 
 def _chaos(world: World, template: Path) -> None:
     """The chaos phase: files land (and some vanish), the pipeline's DAG runs one run after
-    another, and 0 to 3 operator actions start at random steps; every step may kill or pause."""
+    another, and 0 to 4 operator actions start at random steps; every step may kill or pause."""
     rng, sched, config = world.rng, world.sched, world.config
     world.land(config.files)
     runs = 0
-    planned = {rng.randrange(config.chaos_steps): rng.choice(OPERATIONS) for _ in range(rng.randint(0, 3))}
+    planned = {rng.randrange(config.chaos_steps): rng.choice(OPERATIONS) for _ in range(rng.randint(0, 4))}
+    if config.zombie_at in ("delta.w.restore:begin", "delta.w.restore:commit", "store.w.finish_rollback"):
+        planned[rng.randrange(config.chaos_steps // 2, config.chaos_steps)] = "zombie rollback"
     lose_at = rng.randrange(config.chaos_steps) if config.store_loss else -1
-    for n in range(config.chaos_steps):
+    retrying: list[tuple[Actor, tuple[int, bool], int]] = []
+    again: tuple[float, tuple[int, bool]] | None = None  # when the operator retries a zombie's rollback, and how
+    n = 0
+    # The chaos goes on past its planned steps while an actor is stopped (a zombie) or an
+    # operator retries, up to EXTRA_STEPS more: the pipeline keeps running around a zombie, so
+    # a newer owner can take its lease over and publish before it resumes (what the fence must
+    # survive).
+    while n < config.chaos_steps or (n < config.chaos_steps + EXTRA_STEPS
+                                     and (retrying or again or max(planned, default=-1) >= n
+                                          or any(a.state == "paused" for a in sched.actors))):
         sched.tick(rng.expovariate(1 / 2.0))
         roll = rng.random()
         if roll < 0.15:
@@ -121,11 +135,30 @@ def _chaos(world: World, template: Path) -> None:
             done = actors.published_groups(world)
             if done:
                 actors.dag_run(world, rng.choice(done).split(":", 2)[2], cleared=True)
+        elif (operation in ("rollback", "zombie rollback") and not _published(world)
+              and n < config.chaos_steps + EXTRA_STEPS // 2):
+            planned[n + 3] = operation  # an operator rolls back what was published: wait for some
+        elif operation == "zombie rollback" and (last := _last_epoch(world)) is not None:
+            # A rollback that takes the lease over and is stopped at its RESTORE (or right after
+            # it) while the pipeline goes on around it: the zombie Config.zombie_at asks for.
+            asked = (rng.randint(0, last), rng.random() < 0.7)
+            zombie = actors.rollback_run(world, f"manual__{runs}", asked[0], take_over=True, recompute=asked[1])
+            try:
+                sched.run_until(zombie, lambda step: step == config.zombie_at)
+            except Stuck:  # it waits for something (a sleep between retries): no zombie this time
+                pass
+            if zombie.state == "ready" and zombie.step == config.zombie_at:
+                sched.pause(zombie, rng.uniform(3 * TTL_S, 6 * TTL_S))  # long enough for others to publish
+                sched.zombie_at = None
+                # The operator sees the rollback hang and triggers it again (the runbook), taking
+                # the lease over: the pipeline then publishes again while the zombie is stopped.
+                again = (sched.now + rng.uniform(1.05, 1.5) * TTL_S, asked)  # once its lease has expired
         elif operation in ("rollback", "preview"):
             last = _last_epoch(world)
             if last is not None and operation == "rollback":
-                actors.rollback_run(world, f"manual__{runs}", rng.randint(0, last), recompute=rng.random() < 0.7,
-                                    take_over=rng.random() < 0.3)
+                asked = (rng.randint(0, last), rng.random() < 0.7)
+                retrying.append((actors.rollback_run(world, f"manual__{runs}", asked[0], recompute=asked[1],
+                                                     take_over=rng.random() < 0.3), asked, 0))
             elif last is not None:
                 actors.preview_run(world, f"manual__{runs}", rng.randint(0, last))
         elif operation == "recover":
@@ -134,13 +167,33 @@ def _chaos(world: World, template: Path) -> None:
         elif operation == "skip":
             for path in _gone(world):
                 actors.skip_run(world, f"manual__{runs}_{abs(hash(path)) % 1000}", path)
+        if again is not None and sched.now >= again[0]:
+            retrying.append((actors.rollback_run(world, f"manual__{runs}", again[1][0], take_over=True,
+                                                 recompute=again[1][1]), again[1], 1))
+            again = None
+        # The operator whose rollback was refused as busy, or died, triggers it again (up to 4 times),
+        # from the second time on taking the lease over: without this nearly every rollback met a
+        # scheduled run holding the lease, and the RESTOREs were never exercised.
+        for entry in list(retrying):
+            refused, asked, tries = entry
+            if refused.finished:
+                retrying.remove(entry)
+                if refused.result == "failed" and ("is busy" in refused.note or refused.note == "killed") and tries < 4:
+                    runs += 1
+                    retrying.append((actors.rollback_run(world, f"manual__{runs}", asked[0], recompute=asked[1],
+                                                         take_over=tries >= 1), asked, tries + 1))
         if n == lose_at:
             world.lose_store(template)
             actors.rebuild_run(world, f"rebuild_{runs}")
-        if not sched.step():
-            wake = sched.next_wake()
-            if wake is not None and wake - sched.now < 2 * TTL_S:
-                sched.tick(max(wake - sched.now, 0.0))
+        # Several actor steps between two chaos events (one alone left the chaos phase shorter
+        # than one group: the operator actions met no published epoch and never RESTOREd).
+        for _ in range(rng.choice(STEPS_PER_EVENT)):
+            if not sched.step():
+                wake = sched.next_wake()
+                if wake is not None and wake - sched.now < 2 * TTL_S:
+                    sched.tick(max(wake - sched.now, 0.0))
+                break
+        n += 1
 
 
 def _last_epoch(world: World) -> int | None:
@@ -149,6 +202,11 @@ def _last_epoch(world: World) -> int | None:
         return None
     epochs = [e.epoch_id for e in store.epochs(PIPELINE) if e.state != "rolled_back"]
     return max(epochs) if epochs else None
+
+
+def _published(world: World) -> bool:
+    store = world.store()
+    return store.has_pipeline(PIPELINE) and store.knows(PIPELINE, published=True)
 
 
 def _gone(world: World) -> list[str]:
@@ -257,9 +315,10 @@ def _check(world: World, outcome: Outcome) -> None:
             break
         have = {(r.epoch_id, r.generation) for r in found}
         # Named by the generation it was published in: the one it was written in, or (an epoch a
-        # rollback carried over unpublished and published with the recompute) the one it lives in.
+        # rollback carried over unpublished and published with the recompute) the one it lived
+        # in then, which later rollbacks that kept it may have moved on from.
         missing = [(e.epoch_id, e.generation) for e in epochs
-                   if (e.epoch_id, e.written_generation) not in have and (e.epoch_id, e.generation) not in have]
+                   if not any((e.epoch_id, g) in have for g in range(e.written_generation, e.generation + 1))]
         gens = {r.generation for r in rollbacks}
         lost = [r["generation"] for r in store.rollbacks(PIPELINE) if r["generation"] not in gens]
         if missing or lost:

@@ -29,6 +29,14 @@ TTL_S = 60.0
 ZOMBIE_AFTER_S = 300.0
 
 
+# Where a zombie is made (Config.zombie_at): the steps between a fence and the write or
+# RESTORE it guards, where a stopped process does harm if the fence does not hold.
+# A RESTORE's steps are listed twice: a rollback reaches them in few schedules.
+ZOMBIE_STEPS = ("delta.w.restore:begin", "delta.w.restore:commit", "delta.w.restore:begin", "delta.w.restore:commit",
+                "delta.w.write:begin", "delta.w.write:commit", "delta.w.fence:commit", "store.w.mark_committed",
+                "store.w.finish_rollback")
+
+
 @dataclass(frozen=True)
 class Config:
     """What one schedule's pipeline and faults look like, drawn from its seed."""
@@ -47,6 +55,7 @@ class Config:
     vanish_p: float
     store_loss: bool
     skew_s: float
+    zombie_at: str | None = None  # the first actor to reach this step is stopped there past its lease
 
     @classmethod
     def draw(cls, rng: random.Random) -> Config:
@@ -55,7 +64,8 @@ class Config:
                    malformed_p=rng.choice([0.0, 0.3]), poison=rng.random() < 0.03,
                    invalid=rng.random() < 0.05, chaos_steps=rng.randint(10, 60), kill_p=rng.choice([0.0, 0.04, 0.1]),
                    pause_p=rng.choice([0.0, 0.02, 0.05]), vanish_p=rng.choice([0.0, 0.0, 0.03]),
-                   store_loss=rng.random() < 0.04, skew_s=rng.choice([0.0, 0.0, TTL_S / 2, 3 * TTL_S]))
+                   store_loss=rng.random() < 0.04, skew_s=rng.choice([0.0, 0.0, TTL_S / 2, 3 * TTL_S]),
+                   zombie_at=rng.choice(ZOMBIE_STEPS) if rng.random() < 0.4 else None)
 
 
 def sim_spec(root: Path, config: Config, table_root: str | None = None) -> PipelineSpec:
@@ -102,6 +112,7 @@ class World:
         self.sched.kill_p, self.sched.pause_p = self.config.kill_p, self.config.pause_p
         self.sched.pause_s = (1.3 * TTL_S, 4 * TTL_S)
         self.sched.skew_s = self.config.skew_s
+        self.sched.zombie_at = self.config.zombie_at
 
     # -- the store and the leases ---------------------------------------------------------------------
 
