@@ -107,12 +107,13 @@ CI_DIR := var/ci
 REPORT = --junitxml=$(CI_DIR)/junit.xml --durations=0
 
 # The everyday loop: everything but the runs on real servers (Postgres, Kafka), the browser, the
-# fresh install, the crash points the simulation covers (marker spark_crash) and further variants.
+# fresh install, the README walk (marker acceptance), the crash points the simulation covers
+# (marker spark_crash) and further variants.
 test: setup lint
-	@echo "==> running the test suite (without the Postgres and Kafka runs: make test-full)"
+	@echo "==> running the test suite (without the Postgres, Kafka, browser, install and README-walk runs: make test-full)"
 	@mkdir -p $(CI_DIR)
 	@$(PY) -m pytest tests $(XDIST) $(REPORT) \
-		-m "not postgres and not kafka and not browser and not package and not variant and not spark_crash"
+		-m "not postgres and not kafka and not browser and not package and not variant and not spark_crash and not acceptance"
 
 # What CI runs: every test but further variants, with the epoch store and Airflow on a real
 # Postgres server too and the Kafka source on a real broker (its jars fetched in set-up).

@@ -33,6 +33,9 @@ from sluice.paths import project_root
 from tests.airflow import standalone
 from tests.pipelines import invalid_lines
 
+# The walk takes 8-11 min of a worker: CI (make test-full) runs it, the everyday make test does not.
+pytestmark = pytest.mark.acceptance
+
 #: Environment the test session adds (tests/conftest.py, `make test`'s own make) and a user's
 #: shell would not have (under MAKELEVEL, make prints "Entering directory" lines to stdout).
 TEST_ONLY = ("SLUICE_", "AIRFLOW", "PYSPARK_", "GX_", "PYTHONPATH", "SPARK_", "MAKE", "MFLAGS")

@@ -6,6 +6,8 @@ refused with a message naming the partition and offsets."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 from confluent_kafka import TopicPartition
 from confluent_kafka.admin import AdminClient, NewPartitions
@@ -141,3 +143,25 @@ def test_what_retention_deleted_is_refused_and_named(kafka, spark, store):
     lenient = kafka_pipeline(spec.name, kafka, **{"source.fail_on_data_loss": False})
     # Logged, and the other partitions' new records (100 each, one chunk) are registered.
     assert source_for(lenient, store).discover() == end + 2
+
+
+def test_a_topic_deleted_and_recreated_stops_discovery_and_names_it(kafka, store):
+    """Issue 37: a topic deleted and re-created with fewer records than were registered was
+    followed silently: nothing registered while its offsets stayed below the old end, then
+    ``[old_end, high)``, so the new topic's first records were never processed. Discovery now
+    stops and says why, and registers nothing. No Spark: about 10 s on the broker."""
+    spec = kafka_pipeline("kafka_recreated", kafka)
+    send(spec, kafka, events=600, seed=7)
+    registered = source_for(spec, store).discover()
+    assert registered > 0 and store.chunk_ends(spec.name, f"kafka://{spec.source.topic}/")
+    admin = AdminClient({"bootstrap.servers": kafka.bootstrap})
+    for future in admin.delete_topics([spec.source.topic]).values():
+        future.result()
+    deadline = time.monotonic() + 30
+    while spec.source.topic in admin.list_topics(timeout=15).topics:  # deletion is asynchronous
+        assert time.monotonic() < deadline, "the topic was not deleted"
+        time.sleep(0.5)
+    send(spec, kafka, events=150, seed=8)  # re-created: 50 records a partition, below the 200 registered
+    with pytest.raises(SourceError, match=r"offsets went back \(partition 0 ends at offset 50, below the 200"):
+        source_for(spec, store).discover()
+    assert len(store.manifest(spec.name)) == registered, "nothing of the new topic was registered"

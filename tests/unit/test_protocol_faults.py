@@ -396,3 +396,50 @@ def test_a_refused_rebuild_names_the_store_without_its_password(tmp_path):
     with pytest.raises(SluiceError, match="already holds this pipeline") as refused:
         operations.rebuild_store(spec, KnownPipelineStore(), None, "owner")
     assert "s3cret-pw" not in str(refused.value) and "db.internal" in str(refused.value), refused.value
+
+
+@pytest.mark.postgres
+def test_a_process_paused_inside_a_store_transaction_cannot_block_a_take_over_on_postgres(postgres, monkeypatch):
+    """(g) On Postgres a process stopped inside a store transaction held its row lock for good: a
+    take-over waited indefinitely. A lock wait now gives up after LOCK_TIMEOUT_S with an error
+    that says why, and the server ends the idle transaction after IDLE_IN_TRANSACTION_S, so the
+    next try takes the lease. (Both shortened here; cost: about 5 s.)"""
+    from sluice.errors import PipelineBusyError
+    from sluice.store import epoch_store
+
+    monkeypatch.setattr(epoch_store, "LOCK_TIMEOUT_S", 1)
+    monkeypatch.setattr(epoch_store, "IDLE_IN_TRANSACTION_S", 3)
+    url = postgres.database()
+    store = EpochStore(url)
+    store.release_lease(acquire_lease(store, PIPELINE, "first", ttl_s=1))  # the pipeline's row exists
+    inside, release = threading.Event(), threading.Event()
+
+    def paused_writer() -> None:
+        try:
+            with store.transaction(PIPELINE, step="paused") as tx:
+                tx._row(lock=True)
+                inside.set()
+                release.wait(30)  # SIGSTOPped inside its transaction, holding the row
+        except Exception:  # the server ended its transaction: what this test wants
+            pass
+
+    writer = threading.Thread(target=paused_writer)
+    writer.start()
+    try:
+        assert inside.wait(10)
+        started = time.monotonic()
+        with pytest.raises(PipelineBusyError, match="paused inside it"):
+            acquire_lease(EpochStore(url), PIPELINE, "taker", ttl_s=60)
+        assert time.monotonic() - started < 5, "the lock wait gave up"
+        deadline = time.monotonic() + 15
+        while True:  # the server ends the idle transaction; then the take-over goes through
+            try:
+                lease = acquire_lease(EpochStore(url), PIPELINE, "taker", ttl_s=60)
+                break
+            except PipelineBusyError:
+                assert time.monotonic() < deadline, "the idle transaction was never ended"
+                time.sleep(0.5)
+        assert lease.owner == "taker"
+    finally:
+        release.set()
+        writer.join()

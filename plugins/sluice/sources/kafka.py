@@ -194,6 +194,16 @@ class KafkaSource(EntrySource):
         records retention deleted before they were registered are reported (data loss)."""
         marks = self._watermarks(consumer, self._partitions(consumer))
         found = {}
+        went_back = {p: (ends[p], high) for p, (_, high) in marks.items() if p in ends and high < ends[p]}
+        if went_back:
+            # The topic was deleted and re-created (or truncated): its offsets start again, and
+            # registering from the old end would silently skip the new topic's first records.
+            detail = ", ".join(f"partition {p} ends at offset {high}, below the {end} already registered"
+                               for p, (end, high) in sorted(went_back.items()))
+            raise SourceError(f"{self._where()}: the topic's offsets went back ({detail}): it was deleted and "
+                              "re-created, or truncated, since sluice registered its records. Nothing new is "
+                              "registered, so no record of the new topic is skipped unseen. To go on, point the "
+                              "pipeline at a new topic name, or start a new pipeline on this topic.")
         for p, (low, high) in marks.items():
             start = ends.get(p, low)  # a partition never seen: from its earliest record
             if start < low:
