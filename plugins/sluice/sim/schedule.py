@@ -104,7 +104,13 @@ def _chaos(world: World, template: Path) -> None:
     if config.zombie_at in ("delta.w.restore:begin", "delta.w.restore:commit", "store.w.finish_rollback"):
         planned[rng.randrange(config.chaos_steps // 2, config.chaos_steps)] = "zombie rollback"
     lose_at = rng.randrange(config.chaos_steps) if config.store_loss else -1
-    retrying: list[tuple[Actor, tuple[int, bool], int]] = []
+    retrying: list[tuple[Actor, tuple[int, bool], int]] = []  # an operator's rollbacks: (run, (to, recompute), tries)
+
+    def roll_back(asked: tuple[int, bool], *, take_over: bool, tries: int) -> Actor:
+        """The operator triggers sluice_rollback; a refused or dead one is retried (below)."""
+        actor = actors.rollback_run(world, f"manual__{runs}", asked[0], recompute=asked[1], take_over=take_over)
+        retrying.append((actor, asked, tries))
+        return actor
     again: tuple[float, tuple[int, bool]] | None = None  # when the operator retries a zombie's rollback, and how
     n = 0
     # The chaos goes on past its planned steps while an actor is stopped (a zombie) or an
@@ -157,8 +163,7 @@ def _chaos(world: World, template: Path) -> None:
             last = _last_epoch(world)
             if last is not None and operation == "rollback":
                 asked = (rng.randint(0, last), rng.random() < 0.7)
-                retrying.append((actors.rollback_run(world, f"manual__{runs}", asked[0], recompute=asked[1],
-                                                     take_over=rng.random() < 0.3), asked, 0))
+                roll_back(asked, take_over=rng.random() < 0.3, tries=0)
             elif last is not None:
                 actors.preview_run(world, f"manual__{runs}", rng.randint(0, last))
         elif operation == "recover":
@@ -168,8 +173,7 @@ def _chaos(world: World, template: Path) -> None:
             for path in _gone(world):
                 actors.skip_run(world, f"manual__{runs}_{abs(hash(path)) % 1000}", path)
         if again is not None and sched.now >= again[0]:
-            retrying.append((actors.rollback_run(world, f"manual__{runs}", again[1][0], take_over=True,
-                                                 recompute=again[1][1]), again[1], 1))
+            roll_back(again[1], take_over=True, tries=1)
             again = None
         # The operator whose rollback was refused as busy, or died, triggers it again (up to 4 times),
         # from the second time on taking the lease over: without this nearly every rollback met a
@@ -180,8 +184,7 @@ def _chaos(world: World, template: Path) -> None:
                 retrying.remove(entry)
                 if refused.result == "failed" and ("is busy" in refused.note or refused.note == "killed") and tries < 4:
                     runs += 1
-                    retrying.append((actors.rollback_run(world, f"manual__{runs}", asked[0], recompute=asked[1],
-                                                         take_over=tries >= 1), asked, tries + 1))
+                    roll_back(asked, take_over=tries >= 1, tries=tries + 1)
         if n == lose_at:
             world.lose_store(template)
             actors.rebuild_run(world, f"rebuild_{runs}")
