@@ -28,12 +28,13 @@ export PYSPARK_PYTHON := $(PY)
 export PATH := $(VENV)/bin:$(PATH)
 export PYTHONPATH := $(CURDIR)/plugins:$(CURDIR)
 
-.PHONY: help setup venv jars kafka-jars demo demo-kafka test test-full test-all sim system-packages lint kafka spark-cluster airflow generate store-rebuild bench-control bench-control-e2e \
+.PHONY: help setup venv jars kafka-jars demo demo-kafka demo-chain test test-full test-all sim system-packages lint kafka spark-cluster airflow generate store-rebuild bench-control bench-control-e2e \
 	bench bench-quick bench-sched bench-large-file compose-env clean backfill rollback preview-rollback recover skip-file cli
 
 help:
 	@echo "make demo      set up, generate YSB data, run the ysb DAG through Airflow, print results"
 	@echo "make demo-kafka  the same over a Kafka topic (the ysb_kafka pipeline; starts a broker if none runs)"
+	@echo "make demo-chain  ysb_clean, then a chained SQL pipeline on its table (hourly views per campaign)"
 	@echo "make test      set up, then lint and run the test suite (SQLite; the everyday loop)"
 	@echo "make test-full the same plus the runs on a real Postgres server (installs it; what CI runs)"
 	@echo "make sim       the deterministic simulation of the protocol (SCHEDULES=10000 SEED=<n>)"
@@ -98,6 +99,11 @@ demo: setup
 # started there for the demo (data under var/kafka, as make kafka) and stopped at its end.
 demo-kafka: setup
 	@$(PY) include/demo.py --kafka $(KAFKA)
+
+# Chained pipelines: ysb_clean appends views to Delta, ysb_campaign_hourly (a Delta source on
+# that table, a SQL transform) sums them per campaign and hour; checked against an oracle.
+demo-chain: setup
+	@$(PY) include/demo.py --chain
 
 # Two test workers (pytest-xdist), a test file each at a time: a module's servers start once.
 WORKERS ?= 2
@@ -231,6 +237,7 @@ bench: setup
 	@$(PY) -m bench.ysb_kafka
 	@$(PY) -m bench.overhead
 	@$(PY) -m bench.delta_commit
+	@$(PY) -m bench.upsert
 	@$(PY) -m bench.parse_cost
 	@$(PY) -m bench.cost
 
@@ -239,6 +246,7 @@ bench-quick: setup
 	@SLUICE_BENCH_RESULTS=$(CURDIR)/bench/results/quick $(PY) -m bench.ysb_kafka --quick
 	@SLUICE_BENCH_RESULTS=$(CURDIR)/bench/results/quick $(PY) -m bench.overhead --quick --skip-airflow
 	@SLUICE_BENCH_RESULTS=$(CURDIR)/bench/results/quick $(PY) -m bench.delta_commit --quick
+	@SLUICE_BENCH_RESULTS=$(CURDIR)/bench/results/quick $(PY) -m bench.upsert --quick
 	@SLUICE_BENCH_RESULTS=$(CURDIR)/bench/results/quick $(PY) -m bench.parse_cost --quick
 	@SLUICE_BENCH_RESULTS=$(CURDIR)/bench/results/quick $(PY) -m bench.cost --quick
 

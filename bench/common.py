@@ -186,12 +186,12 @@ def foreach_batch_writer(spark: Any, spec: Any, batches: list[int]) -> Any:
     """The Structured Streaming baselines' ``foreachBatch``: sluice's own reject split,
     transform and Delta writes (MERGE with ``txnAppId``/``txnVersion = batchId``), so the
     systems compared differ only in bookkeeping and epoch boundaries. Appends each batch id."""
-    from sluice.compute import load_reference, load_transform, rejected_sink, split_rejected
+    from sluice.compute import load_reference, rejected_sink, split_rejected, transform_for
     from sluice.delta.spark import SparkTables
     from sluice.model import EpochRange
     from sluice.protocol.tables import PipelineTable
 
-    transform = load_transform(spec.transform)
+    transform = transform_for(spec)
     refs: dict[str, Any] = {}
     tables = SparkTables(spark)
     sink = PipelineTable(spec.name, spec.sinks[0])

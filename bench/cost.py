@@ -88,7 +88,7 @@ from pathlib import Path
 sys.path[:0] = [sys.argv[1] + "/plugins", sys.argv[1]]
 from sluice.spec import load_spec
 from sluice.spark import get_session
-from sluice.compute import load_reference, load_transform, rejected_sink, split_rejected
+from sluice.compute import load_reference, rejected_sink, split_rejected, transform_for
 from sluice.delta.spark import SparkTables
 from sluice.model import EpochRange
 from sluice.protocol.tables import PipelineTable
@@ -98,7 +98,7 @@ spec = load_spec(sys.argv[2]); trigger_s = int(sys.argv[3]); done_flag = Path(sy
 spark = get_session("always-on", master=f"local[{sys.argv[5]}]",
                     extra_conf={"spark.driver.extraJavaOptions": "-XX:+TieredCompilation"})
 spark.sparkContext.setLogLevel("WARN")
-refs = load_reference(spark, spec); transform = load_transform(spec.transform)
+refs = load_reference(spark, spec); transform = transform_for(spec)
 tables = SparkTables(spark)
 sink = PipelineTable(spec.name, spec.sinks[0]); rejected = PipelineTable(spec.name, rejected_sink(spec))
 def write_batch(batch, batch_id):

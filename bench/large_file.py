@@ -329,7 +329,7 @@ def submit_command(spec: Any, app: list[str], gc_path: Path) -> list[str]:
     conf = spark_conf({"spark.driver.extraJavaOptions": java_options, **spec.spark.conf})
     cmd = [str(Path(_find_spark_home()) / "bin" / "spark-submit"), "--master", f"local[{CORES}]",
            "--name", f"sluice-{spec.name}", "--jars", ",".join(str(jars_dir() / n) for n in JAR_NAMES),
-           "--py-files", python_files(spec.transform)]
+           "--py-files", python_files(spec.transform_function)]
     for key, value in conf.items():
         cmd += ["--conf", f"{key}={value}"]
     return cmd + app

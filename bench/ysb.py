@@ -112,14 +112,14 @@ class Bench:
     def batch(self) -> tuple[float, Any]:
         from pyspark.sql import functions as F
 
-        from sluice.compute import load_reference, load_transform, split_rejected
+        from sluice.compute import load_reference, split_rejected, transform_for
         from sluice.sources import FileSource
 
         spec, _ = self._spec("batch", self.files)
         t0 = time.perf_counter()
         records = FileSource(spec, None).parse(self.spark.read.text([str(p) for p in self.paths], wholetext=True))
         valid, bad = split_rejected(records, spec, 0, 0)
-        output = load_transform(spec.transform)(valid, load_reference(self.spark, spec))
+        output = transform_for(spec)(valid, load_reference(self.spark, spec))
         sink = spec.sinks[0]
         records = records.persist()
         bad.write.format("delta").mode("append").save(spec.rejected_table)

@@ -1,4 +1,4 @@
-"""`make demo` and `make demo-kafka`: YSB end to end through Airflow on the embedded defaults.
+"""`make demo`, `make demo-kafka` and `make demo-chain`: YSB end to end through Airflow on the embedded defaults.
 
 1. lands YSB events: files into ``var/landing/ysb`` (``make demo``), or messages into the
    Kafka topic ``ysb`` (``make demo-kafka``: the broker at ``$KAFKA``, 127.0.0.1:9092, is used
@@ -10,6 +10,11 @@
 3. reads the per-campaign window counts back from Delta, checks them against an oracle
    computed from the raw input (the files' bytes, or the topic read by a plain Kafka consumer),
    and prints a summary of the epoch log.
+
+``make demo-chain`` lands files as ``make demo`` does, runs ``ysb_clean`` (parse, keep views,
+append to Delta), then ``ysb_campaign_hourly``, a pipeline whose source is ``ysb_clean``'s
+table (each version it published is an entry) and whose transform is one SQL query: hourly
+views per campaign, checked against an oracle from the raw landed files.
 """
 
 from __future__ import annotations
@@ -121,14 +126,9 @@ def kafka_broker(bootstrap: str) -> Iterator[None]:
         print(f"\nstopped the Kafka broker on {broker.bootstrap}", flush=True)
 
 
-def run(demo: Input) -> int:
-    from sluice.sources import source_for
-    from sluice.spec import get_spec
-    from sluice.store import EpochStore
-
-    spec = get_spec(demo.pipeline)
-    demo.land()
-
+def dag_bag():
+    """Airflow's metadata database (SQLite under var/airflow) and the DAGs of ``dags/``; ``None``
+    (and the import errors printed) if a DAG does not load."""
     step("preparing Airflow's metadata database (SQLite under var/airflow)")
     from airflow.dag_processing.dagbag import DagBag
     from airflow.utils import db
@@ -137,24 +137,92 @@ def run(demo: Input) -> int:
     bag = DagBag(dag_folder=str(ROOT / "dags"))
     if bag.import_errors:
         print(bag.import_errors, file=sys.stderr)
-        return 1
-    dag = bag.dags[demo.pipeline]
-    store = EpochStore()
-    source = source_for(spec, store)
+        return None
+    return bag
+
+
+def drain(bag, pipeline: str, unit: str, store) -> bool:
+    """Run ``pipeline``'s DAG (``dag.test()``), one DAG run per group, until its backlog is
+    empty; whether every run succeeded."""
+    from sluice.sources import source_for
+    from sluice.spec import get_spec
+
+    dag = bag.dags[pipeline]
+    source = source_for(get_spec(pipeline), store)
     run = 0
     while (backlog := source.backlog()).files:
         run += 1
         size = (f"{backlog.records:,} records" if backlog.records is not None
                 else f"{backlog.bytes / 1e6:.1f} MB")
-        step(f"DAG run {run} of '{demo.pipeline}': backlog {backlog.files} {demo.unit} ({size}); "
-             "wait_for_backlog -> plan_group -> run_group (spark-submit) -> checkpoint")
+        step(f"DAG run {run} of '{pipeline}': backlog {backlog.files} {unit} ({size}); "
+             "wait_for_backlog -> plan_group -> run_group -> checkpoint")
         started = time.monotonic()
         dag_run = dag.test(run_conf={"drain": False})
         states = {ti.task_id: ti.state for ti in dag_run.get_task_instances()}
         print(f"    {dag_run.state} in {time.monotonic() - started:.1f} s: {states}", flush=True)
         if dag_run.state != "success":
             print(f"DAG run failed; task logs are under {os.environ['AIRFLOW_HOME']}/logs", file=sys.stderr)
-            return 1
+            return False
+    return True
+
+
+def chain() -> int:
+    """``make demo-chain``: ysb_clean, then ysb_campaign_hourly on its table (see the module)."""
+    from include.generators.ysb import load_ads, raw_events
+    from sluice.spec import get_spec
+    from sluice.store import EpochStore
+
+    file_input().land()
+    upstream, downstream = get_spec("ysb_clean"), get_spec("ysb_campaign_hourly")
+    bag = dag_bag()
+    if bag is None:
+        return 1
+    store = EpochStore()
+    if not drain(bag, upstream.name, "files", store):
+        return 1
+    if not drain(bag, downstream.name, "versions", store):
+        return 1
+
+    step("reading the hourly views per campaign back from Delta")
+    from sluice.spark import get_session
+
+    spark = get_session("sluice-demo")
+    spark.sparkContext.setLogLevel("ERROR")
+    table = downstream.sinks[0].path
+    rows = spark.read.format("delta").load(table).collect()
+    spark.stop()
+    counts = {(r["campaign_id"], int(r["hour"].timestamp() * 1000)): r["views"] for r in rows}
+    ads = load_ads()
+    hour_ms = 3_600_000
+    expected: Counter = Counter()  # the oracle: valid view events of known ads in the landed files
+    for _, _, event in raw_events(sorted(upstream.landing_dir.glob("*.json"))):
+        if event is not None and event["event_type"] == "view" and event["ad_id"] in ads:
+            t = int(event["event_time"])
+            expected[(ads[event["ad_id"]], t - t % hour_ms)] += 1
+    hours = sorted({h for _, h in counts})
+    print(f"{len(rows)} rows: {len({c for c, _ in counts})} campaigns x {len(hours)} hours, "
+          f"{sum(counts.values()):,} views (from {len(store.manifest(downstream.name))} upstream versions)")
+    match = counts == dict(expected)
+    print(f"matches the oracle computed from the raw landed files: {'yes' if match else 'NO'}")
+    summary = store.summary(downstream.name)
+    print(f"{downstream.name}: {summary['epochs']} epochs in {summary['groups']} groups, states "
+          f"{summary['by_state']}; upstream {upstream.name}: {store.summary(upstream.name)['epochs']} epochs")
+    print(f"\nupstream table: {upstream.sinks[0].path}\ntable: {table}")
+    return 0 if match else 1
+
+
+def run(demo: Input) -> int:
+    from sluice.spec import get_spec
+    from sluice.store import EpochStore
+
+    spec = get_spec(demo.pipeline)
+    demo.land()
+    bag = dag_bag()
+    if bag is None:
+        return 1
+    store = EpochStore()
+    if not drain(bag, demo.pipeline, demo.unit, store):
+        return 1
 
     step("reading the per-campaign window counts back from Delta")
     from sluice.spark import get_session
@@ -201,7 +269,10 @@ def run(demo: Input) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--kafka", metavar="HOST:PORT", help="the Kafka demo (ysb_kafka), its broker here")
+    parser.add_argument("--chain", action="store_true", help="ysb_clean, then ysb_campaign_hourly on its table")
     args = parser.parse_args(argv)
+    if args.chain:
+        return chain()
     if not args.kafka:
         return run(file_input())
     # The spec reads its brokers from this variable; the DAG's tasks and spark-submit inherit it.

@@ -1,7 +1,7 @@
 """docs/pipeline-spec.md, generated from the pydantic models of ``plugins/sluice/spec.py``.
 
-Walks ``PipelineSpec`` and every model it nests (the two sources, a sink, validation, alerts,
-control, Spark) and writes one section per model: each field with its YAML name, type,
+Walks ``PipelineSpec`` and every model it nests (the sources, a SQL transform, a sink, validation,
+alerts, control, Spark) and writes one section per model: each field with its YAML name, type,
 default, constraints and description. ``make docs`` (``python -m include.spec_reference``)
 rewrites the file; ``--check`` only compares. ``tests/unit/test_spec_reference.py`` fails when
 the committed file differs from this output, so the reference cannot drift from the code.
@@ -34,6 +34,7 @@ PLACES: dict[type[BaseModel], tuple[str, str]] = {
     spec.SourceSpec: ("`source` with `type: files` (the default)", "source-files"),
     spec.KafkaSourceSpec: ("`source` with `type: kafka`", "source-kafka"),
     spec.DeltaSourceSpec: ("`source` with `type: delta`", "source-delta"),
+    spec.SqlTransformSpec: ("`transform` as a SQL query (`transform: {sql: ...}`)", "transform-sql"),
     spec.SinkSpec: ("`sinks[]`: each sink", "sinks"),
     spec.ValidationSpec: ("`validation`", "validation"),
     spec.AlertsSpec: ("`alerts`", "alerts"),

@@ -97,3 +97,21 @@ def assert_matches_oracle(spark, spec: PipelineSpec, store) -> None:
     assert set(rejected) == invalid_lines(paths), f"{spec.name}: rejected records differ from the oracle"
     summary = store.summary(spec.name)  # raises on a gap or an overlap
     assert summary["offsets"] == [0, len(paths)], f"{spec.name}: epochs cover {summary['offsets']}, not all files"
+
+
+def roll_back(spark, spec: PipelineSpec, store, to_epoch: int, *, recompute: bool = False,
+              reason: str = "test") -> dict:
+    """``sluice_rollback`` step by step as its tasks run: the rollback, then its group processed,
+    validated and published. Returns the rollback's report."""
+    from sluice.protocol import operations
+    from sluice.protocol.leases import acquire_lease
+    from sluice.protocol.run import PipelineRun, cli_owner
+    from sluice.protocol.runtime import Runtime
+
+    owner = cli_owner()
+    report = operations.rollback(spec, store, Runtime.spark(spark), acquire_lease(store, spec.name, owner),
+                                 to_epoch=to_epoch, reason=reason, recompute=recompute)
+    PipelineRun(spec, store, owner, Runtime.spark(spark)).process(report["group_id"])
+    PipelineRun(spec, store, owner).validate()
+    PipelineRun(spec, store, owner, Runtime.spark(spark)).publish()
+    return report

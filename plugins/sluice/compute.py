@@ -134,14 +134,28 @@ def load_transform(name: str) -> Callable[..., Any]:
         raise SluiceError(f"transform {name!r}: {where} has no {func}()") from None
 
 
-def load_reference(spark: SparkSession, spec: PipelineSpec) -> dict[str, DataFrame]:
+def transform_for(spec: PipelineSpec) -> Callable[..., Any]:
+    """The spec's transform as one callable, ``(records, refs) -> output``: a Python
+    ``module.function``, or a SQL query over the views ``records`` and the references."""
+    if spec.transform_function is not None:
+        return load_transform(spec.transform_function)
+    from sluice.sql_transform import SqlTransform
+
+    return SqlTransform(spec.name, spec.path, spec.transform.sql)  # type: ignore[union-attr]
+
+
+def load_reference(spark: SparkSession, spec: PipelineSpec, broadcast: bool = True) -> dict[str, DataFrame]:
+    """The reference tables by name, cached; broadcast-hinted unless ``broadcast`` is false (a
+    SQL transform: Spark drops a frame's hint inside the CTE that names it, with a warning per
+    query; the query may hint ``/*+ BROADCAST(name) */`` itself)."""
     from pyspark.sql import functions as F
 
     refs = {}
     for name, path in spec.reference.items():
         if not Path(path).is_file():
             raise SluiceError(f"pipeline {spec.name!r}: reference table {name!r} file {path} does not exist")
-        refs[name] = F.broadcast(spark.read.option("header", True).csv(path).cache())
+        frame = spark.read.option("header", True).csv(path).cache()
+        refs[name] = F.broadcast(frame) if broadcast else frame
     return refs
 
 
@@ -223,7 +237,7 @@ class SparkCompute(Compute):
         super().__init__(spec, store)
         self.spark = spark
         self.tables = tables
-        self.transform = load_transform(spec.transform)
+        self.transform = transform_for(spec)
         self.suites = {s.name: validation.load_suite(s.expectations) for s in spec.sinks if s.expectations}
         self._refs: dict[str, DataFrame] | None = None
         self.memory = MemoryProbe(spark, spec.name)  # per group (or epoch): the controllers' memory budget
@@ -231,7 +245,7 @@ class SparkCompute(Compute):
     @property
     def refs(self) -> dict[str, DataFrame]:
         if self._refs is None:
-            self._refs = load_reference(self.spark, self.spec)
+            self._refs = load_reference(self.spark, self.spec, broadcast=self.spec.transform_function is not None)
         return self._refs
 
     def set_partitions(self, n: int) -> None:

@@ -40,3 +40,9 @@ class ProtocolError(SluiceError):
 class PipelineHaltedError(OperatorActionRequired):
     """The pipeline stopped on a failure an operator must look at (validation under the
     ``fail`` policy, an epoch failing repeatedly, a rollback left half done)."""
+
+
+class TransformError(SluiceError):
+    """The transform cannot run on any input: a SQL transform Spark cannot analyse (an unknown
+    column or table, a syntax error). The message names the pipeline, the spec file and the
+    field; it counts as a failed attempt (``control.max_attempts``), as a transform's bug does."""

@@ -321,6 +321,7 @@ class TableCommit:
     token: int = 0  # the lease token of the run that wrote it (0: before tokens were recorded)
     pipeline: str | None = None  # the sluice pipeline that wrote it (None: not sluice)
     fence: bool = False  # an empty commit that only records a token
+    sink: str | None = None  # the sink of ``pipeline`` this table is (None: not sluice, or not recorded)
 
 
 @dataclass(frozen=True)

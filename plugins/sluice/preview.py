@@ -222,7 +222,7 @@ def shadow_spec(spec: PipelineSpec, folder: Path) -> PipelineSpec:
 def diff_tables(sink: SinkSpec, shadow_path: str, published: DataFrame | None, shadow: DataFrame | None,
                 published_version: int | None, restored_version: int) -> SinkDiff:
     """Rows added, removed and changed from ``published`` to ``shadow``: by the sink's keys for
-    an aggregate, by whole rows (as a multiset) for an append."""
+    an aggregate or an upsert (its tombstones included), by whole rows (as a multiset) for an append."""
     from pyspark.sql import functions as F
 
     empty = published if shadow is None else shadow
@@ -236,7 +236,8 @@ def diff_tables(sink: SinkSpec, shadow_path: str, published: DataFrame | None, s
     published, shadow = published.select(*common), shadow.select(*common)
     n_published, n_shadow = published.count(), shadow.count()
     sample: list[dict[str, Any]] = []
-    keys = [k for k in (sink.keys or []) if k in common] if sink.mode == "aggregate" else []
+    by = [*(sink.keys or []), *(["valid_from"] if getattr(sink, "history", "none") == "scd2" else [])]  # a version
+    keys = [k for k in by if k in common] if sink.mode in ("aggregate", "upsert") else []
     if keys:
         values = [c for c in common if c not in keys]
         joined = (published.select(*keys, *[F.col(c).alias(f"p_{c}") for c in values], F.lit(True).alias("_p"))

@@ -13,12 +13,24 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    StringConstraints,
+    Tag,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from sluice.errors import SpecError
 from sluice.paths import data_dir, pipelines_dir, project_root
 
 NAME = r"^[a-z][a-z0-9_]{0,62}$"
+UPSERT_DELETED = "_deleted"  # an upsert sink's tombstone flag column (see SinkSpec.delete_when)
+UPSERT_HISTORY = ("valid_from", "valid_to", "current")  # what history: scd2 adds (SinkSpec.history)
 SPARK_TYPES = {"string", "long", "int", "integer", "double", "float", "boolean", "timestamp", "date", "binary"}
 
 
@@ -125,15 +137,60 @@ def _source_kind(value: Any) -> str:
     return kind or "files"
 
 
+class SqlTransformSpec(_Strict):
+    """`transform: {sql: ...}`: a Spark SQL query as the transform. The epoch's valid records
+    (under `commit: group`, the group's) are the view `records` (the `source.schema` fields, and
+    `_rescued_data` under `unknown_fields: rescue`), each `reference` a view of its name; the
+    query's result is what the pipeline's one sink gets, through the same validation, quarantine
+    and exactly-once commit as a Python transform's output. An unknown column or a syntax error
+    fails the group before anything is written, naming the spec file, `transform.sql`, the
+    column and its line; it counts as a failed attempt (`control.max_attempts`)."""
+
+    sql: str = Field(description="one query (SELECT, WITH ... SELECT, FROM, VALUES) that reads `records`, e.g. "
+                                 "SELECT ... FROM records JOIN ads USING (ad_id) GROUP BY ...; checked when the spec "
+                                 "loads (one statement, a query, reads records), columns and syntax by Spark at run "
+                                 "time")
+
+    @field_validator("sql")
+    @classmethod
+    def _one_query(cls, value: str) -> str:
+        from sluice.sql_transform import check_query
+
+        check_query(value)
+        return value
+
+
+def _transform_kind(value: Any) -> str:
+    """``sql`` for a mapping (``{sql: ...}``), ``function`` for a ``module.function`` string."""
+    return "sql" if isinstance(value, dict | SqlTransformSpec) else "function"
+
+
+TRANSFORM_FUNCTION = r"^[a-z_][a-z0-9_]*(\.[a-z_][a-z0-9_]*)+$"
+
+
 class SinkSpec(_Strict):
     """A Delta table the transform's output is written to."""
 
     name: str = Field(pattern=NAME, description="the sink's name (its Asset is sluice/<pipeline>/<name>)")
-    mode: Literal["append", "aggregate"] = Field(
-        description="append: rows are appended; aggregate: merge-add of sums per key into the table")
+    mode: Literal["append", "aggregate", "upsert"] = Field(
+        description="append: rows are appended; aggregate: merge-add of sums per key into the table; upsert: "
+                    "MERGE by `keys`, the row with the highest `sequence_by` wins (deletes kept as tombstones)")
     path: str = Field(description="the Delta table's folder")
-    keys: list[str] = Field(default_factory=list, description="aggregate: merge keys")
+    keys: list[str] = Field(default_factory=list, description="aggregate, upsert: merge keys")
     sums: list[str] = Field(default_factory=list, description="aggregate: columns added on merge")
+    sequence_by: str | None = Field(
+        None, description="upsert: the column that orders the changes of a key (a CDC log sequence number, an "
+                          "update time): the row with the highest value wins, whatever order rows arrive in; a "
+                          "null is older than any value")
+    delete_when: str | None = Field(
+        None, description="upsert: SQL condition on a row that makes it a delete (e.g. \"op = 'd'\"); a delete "
+                          "stays in the table as a tombstone row (`_deleted` true) so that an older change "
+                          "arriving later cannot bring the key back: readers filter `NOT _deleted`")
+    history: Literal["none", "scd2"] = Field(
+        "none", description="upsert: none keeps the latest row per key; scd2 keeps every version, one row per "
+                            "key and sequence, with valid_from (its sequence), valid_to (the next version's, null "
+                            "for the last) and current (the last version, unless a delete); a late change is put "
+                            "in its place in the history")
     expectations: str | None = Field(None, description="Great Expectations suite (JSON) checked on each "
                                                        "epoch's output before it is written")
     partition_by: list[str] = Field(default_factory=list, description="append: the Delta table's partition "
@@ -147,6 +204,39 @@ class SinkSpec(_Strict):
             raise ValueError("an append sink takes neither `keys` nor `sums`")
         if self.mode == "aggregate" and self.partition_by:
             raise ValueError("`partition_by` is for append sinks (an aggregate sink is keyed by `keys`)")
+        return self._upsert_fields()
+
+    def _upsert_fields(self) -> SinkSpec:
+        """An upsert sink's fields, each error naming the sink and the field (``load_spec`` adds
+        the file and ``sinks.<n>``)."""
+        what = f"sink {self.name!r}"
+        upsert_only = [f for f in ("sequence_by", "delete_when") if getattr(self, f) is not None]
+        if self.mode != "upsert":
+            if upsert_only or self.history != "none":
+                raise ValueError(f"{what}: {', '.join(upsert_only or ['history'])} is for upsert sinks "
+                                 f"(mode: {self.mode})")
+            return self
+        if not self.keys:
+            raise ValueError(f"{what}: an upsert sink needs `keys` (the columns a row is merged by)")
+        if len(set(self.keys)) != len(self.keys):
+            raise ValueError(f"{what}: keys {self.keys} name a column twice")
+        if not self.sequence_by:
+            raise ValueError(f"{what}: an upsert sink needs `sequence_by` (the column whose highest value wins: "
+                             "changes may arrive out of order)")
+        if self.sequence_by in self.keys:
+            raise ValueError(f"{what}: sequence_by {self.sequence_by!r} is one of the keys; it must order the "
+                             "changes of one key")
+        if self.sums:
+            raise ValueError(f"{what}: `sums` is for aggregate sinks (an upsert replaces the row)")
+        if self.partition_by:
+            raise ValueError(f"{what}: `partition_by` is for append sinks (an upsert sink is keyed by `keys`)")
+        if self.delete_when is not None and not self.delete_when.strip():
+            raise ValueError(f"{what}: delete_when is empty (leave it out for a sink without deletes)")
+        own = [UPSERT_DELETED, *(UPSERT_HISTORY if self.history == "scd2" else ())]
+        taken = [c for c in (*self.keys, self.sequence_by) if c in own]
+        if taken:
+            raise ValueError(f"{what}: {taken} are the upsert sink's own columns ({', '.join(own)}); rename them "
+                             "in the transform")
         return self
 
 
@@ -254,10 +344,12 @@ class PipelineSpec(_Strict):
     source: Annotated[Annotated[SourceSpec, Tag("files")] | Annotated[KafkaSourceSpec, Tag("kafka")]
                       | Annotated[DeltaSourceSpec, Tag("delta")], Discriminator(_source_kind)] = Field(
         description="where the records come from, by `type`")
-    transform: str = Field(pattern=r"^[a-z_][a-z0-9_]*(\.[a-z_][a-z0-9_]*)+$",
-                           description="module.function in the transforms folder (jobs/transforms/ of a "
-                                       "checkout, transforms/ beside the specs of an installed sluice), or "
-                                       "package.module.function")
+    transform: Annotated[Annotated[str, Tag("function"), StringConstraints(pattern=TRANSFORM_FUNCTION)]
+                         | Annotated[SqlTransformSpec, Tag("sql")], Discriminator(_transform_kind)] = Field(
+        description="module.function in the transforms folder (jobs/transforms/ of a checkout, transforms/ "
+                    "beside the specs of an installed sluice), or package.module.function (lower-case dotted "
+                    "names); or a mapping {sql: ...}: a Spark SQL query over the views `records` and the "
+                    "references (one sink)")
     reference: dict[str, str] = Field(default_factory=dict, description="name -> CSV file")
     sinks: list[SinkSpec] = Field(min_length=1, description="the Delta tables written, one or more")
     partitioning: Literal["hash", "prompt"] = Field(
@@ -303,6 +395,24 @@ class PipelineSpec(_Strict):
         if isinstance(level, int) and level < 1:
             raise ValueError(f"control.concurrent_epochs must be >= 1 or 'auto' (got {level})")
         return self
+
+    @model_validator(mode="after")
+    def _sql_transform(self) -> PipelineSpec:
+        if not isinstance(self.transform, SqlTransformSpec):
+            return self
+        if len(self.sinks) != 1:  # a query has one result; a Python transform may return one per sink
+            raise ValueError(f"transform.sql: a SQL transform's result goes to one sink, but the pipeline has "
+                             f"{len(self.sinks)} ({[s.name for s in self.sinks]}); use a Python transform")
+        clash = [name for name in self.reference if name.lower() == "records"]
+        if clash:
+            raise ValueError(f"reference.{clash[0]}: the name `records` is the view of the epoch's records under a "
+                             "SQL transform; rename the reference")
+        return self
+
+    @property
+    def transform_function(self) -> str | None:
+        """The ``module.function`` of a Python transform; ``None`` for a SQL transform."""
+        return self.transform if isinstance(self.transform, str) else None
 
     @property
     def independent_epochs(self) -> bool:
@@ -410,9 +520,11 @@ def _relative_to_project(path: str) -> str:
 
 def _field(loc: tuple[Any, ...]) -> str:
     """A validation error's field as the YAML names it (``source.schema``, not pydantic's
-    ``source.files.schema`` with the source's type tag in it)."""
+    ``source.files.schema`` with the source's type tag in it; ``transform.sql``, not
+    ``transform.sql.sql``)."""
     parts = [str(p) for i, p in enumerate(loc)
-             if not (i and loc[i - 1] == "source" and p in ("files", "kafka", "delta"))]
+             if not (i and loc[i - 1] == "source" and p in ("files", "kafka", "delta"))
+             and not (i == 1 and loc[0] == "transform" and p in ("function", "sql"))]
     return ".".join(parts)
 
 

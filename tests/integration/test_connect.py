@@ -51,3 +51,34 @@ def test_groups_run_through_a_warm_connect_server(spark, connect_server):
     assert_matches_oracle(spark, spec, log)
     app = protocol.sink_app_id(spec.name, spec.sinks[0].name, 0)
     assert protocol.txn_epoch(SparkTables(spark).txn_version(spec.sinks[0].path, app)) == 2
+
+
+@pytest.mark.variant
+def test_a_sql_transform_through_a_connect_server(spark, connect_server):
+    """The shipped SQL example (``ysb_sql``) as a run-once client of the Connect server, where the
+    views travel inside the plan (no temporary view on the server): the table equals the oracle.
+    A query naming a missing column fails the client with the spec file, transform.sql and the
+    column in its error, and nothing is written. cost: ~80-90 s at load 5-7 (two clients; the module's
+    server started once, ~17 s more when this test runs alone)."""
+    env = {**os.environ, "SLUICE_SPARK_REMOTE": connect_server}
+
+    def run_group(name: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, str(RUN_GROUP_APP), "--pipeline", name, "--plan", "--drain"],
+                              env=env, capture_output=True, text=True, timeout=300)
+
+    spec = make_pipeline("connect_sql", base="ysb_sql", **{"control.epoch_files": 2, "control.group_epochs": 2})
+    land(spec, files=4, seed=5, malformed_fraction=0.03)
+    done = run_group(spec.name)
+    assert done.returncode == 0, done.stderr[-3000:]
+    log = EpochStore()
+    assert_matches_oracle(spark, spec, log)
+
+    broken = make_pipeline("connect_sql_broken", transform={"sql": "SELECT ad_id, nope FROM records"},
+                           **{"control.epoch_files": 2})
+    land(broken, files=2, seed=6)
+    failed = run_group(broken.name)
+    assert failed.returncode != 0
+    assert "TransformError" in failed.stderr and f"{broken.path}): transform.sql: column `nope`" in failed.stderr, \
+        failed.stderr[-3000:]
+    assert not any(SparkTables(spark).exists(path) for path in broken.table_writers())
+    assert [e.state for e in log.epochs(broken.name)] == [protocol.FAILED]

@@ -6,6 +6,7 @@ refused with a message naming the partition and offsets."""
 
 from __future__ import annotations
 
+import re
 import time
 
 import pytest
@@ -145,23 +146,53 @@ def test_what_retention_deleted_is_refused_and_named(kafka, spark, store):
     assert source_for(lenient, store).discover() == end + 2
 
 
-def test_a_topic_deleted_and_recreated_stops_discovery_and_names_it(kafka, store):
-    """Issue 37: a topic deleted and re-created with fewer records than were registered was
-    followed silently: nothing registered while its offsets stayed below the old end, then
-    ``[old_end, high)``, so the new topic's first records were never processed. Discovery now
-    stops and says why, and registers nothing. No Spark: about 10 s on the broker."""
-    spec = kafka_pipeline("kafka_recreated", kafka)
-    send(spec, kafka, events=600, seed=7)
-    registered = source_for(spec, store).discover()
-    assert registered > 0 and store.chunk_ends(spec.name, f"kafka://{spec.source.topic}/")
-    admin = AdminClient({"bootstrap.servers": kafka.bootstrap})
+def delete_topic(spec: PipelineSpec, broker) -> None:
+    """Delete the pipeline's topic and wait until the broker no longer lists it."""
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
     for future in admin.delete_topics([spec.source.topic]).values():
         future.result()
     deadline = time.monotonic() + 30
     while spec.source.topic in admin.list_topics(timeout=15).topics:  # deletion is asynchronous
         assert time.monotonic() < deadline, "the topic was not deleted"
         time.sleep(0.5)
+
+
+def test_a_topic_deleted_and_recreated_stops_discovery_and_names_it(kafka, store, monkeypatch):
+    """Issue 37: a topic deleted and re-created with fewer records than were registered was
+    followed silently: nothing registered while its offsets stayed below the old end, then
+    ``[old_end, high)``, so the new topic's first records were never processed. Discovery now
+    stops and says why, and registers nothing. Here as on a broker that reports no topic ID
+    (before KIP-516), where the offsets that went back are what tells. No Spark: about 10 s."""
+    from sluice.sources.kafka import KafkaSource
+
+    monkeypatch.setattr(KafkaSource, "_topic_id", lambda self: None)
+    spec = kafka_pipeline("kafka_recreated", kafka)
+    send(spec, kafka, events=600, seed=7)
+    registered = source_for(spec, store).discover()
+    assert registered > 0 and store.chunk_ends(spec.name, f"kafka://{spec.source.topic}/")
+    delete_topic(spec, kafka)
     send(spec, kafka, events=150, seed=8)  # re-created: 50 records a partition, below the 200 registered
     with pytest.raises(SourceError, match=r"offsets went back \(partition 0 ends at offset 50, below the 200"):
         source_for(spec, store).discover()
+    assert len(store.manifest(spec.name)) == registered, "nothing of the new topic was registered"
+
+
+def test_a_topic_recreated_with_more_records_than_before_is_told_by_its_id(kafka, store):
+    """Issue 37 item 3: a topic deleted and re-created that already holds more records than
+    were registered has offsets that did not go back; registering ``[old_end, high)`` would skip
+    the new topic's first records unseen. The topic ID recorded with the first registration
+    differs: discovery and the backlog stop, naming both IDs, and register nothing. No Spark:
+    about 10 s on the broker."""
+    spec = kafka_pipeline("kafka_recreated_larger", kafka)
+    send(spec, kafka, events=150, seed=9)  # 50 records a partition
+    registered = source_for(spec, store).discover()
+    first_id = (store.source_identity(spec.name) or {}).get("topic_id")
+    assert registered > 0 and first_id, "the topic ID is recorded with the first registration"
+    delete_topic(spec, kafka)
+    send(spec, kafka, events=600, seed=10)  # re-created: 200 records a partition, above the 50 registered
+    source = source_for(spec, store)
+    with pytest.raises(SourceError, match=re.escape(f"registered its records (its topic ID was {first_id}, it is")):
+        source.discover()
+    with pytest.raises(SourceError, match="topic ID was"):
+        source.backlog()
     assert len(store.manifest(spec.name)) == registered, "nothing of the new topic was registered"

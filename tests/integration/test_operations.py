@@ -29,6 +29,7 @@ from tests.pipelines import (
     landed,
     make_pipeline,
     rejected_lines,
+    roll_back,
     table_counts,
 )
 
@@ -51,14 +52,7 @@ def null_campaign_rows(spark, spec) -> int:
 
 
 def rollback_and_recompute(spark, spec, store, to_epoch: int) -> dict:
-    owner = cli_owner()
-    lease = acquire_lease(store, spec.name, owner)
-    report = operations.rollback(spec, store, Runtime.spark(spark), lease, to_epoch=to_epoch, reason="fixed transform",
-                                recompute=True)
-    PipelineRun(spec, store, owner, Runtime.spark(spark)).process(report["group_id"])
-    PipelineRun(spec, store, owner).validate()
-    PipelineRun(spec, store, owner, Runtime.spark(spark)).publish()
-    return report
+    return roll_back(spark, spec, store, to_epoch, recompute=True, reason="fixed transform")
 
 
 @pytest.mark.parametrize("policy", ["fail", "quarantine"])

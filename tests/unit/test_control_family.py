@@ -16,7 +16,7 @@ with ``-s``) and noted in a failing example.
 
 Cost: 4 seeds per property, about 1.5 s each (12 s of CPU in all).
 ``SLUICE_FAMILY_EXAMPLES=N`` draws more; ``SLUICE_FAMILY_FULL=1`` also runs the bench's family
-(64 four-hour traces, several minutes; marker ``variant``) against the goals.
+(its first 64 four-hour traces, several minutes; marker ``variant``) against the goals.
 """
 
 from __future__ import annotations
@@ -89,7 +89,7 @@ def test_family_property(prop, seed):
 @pytest.mark.variant
 @pytest.mark.skipif(not os.environ.get("SLUICE_FAMILY_FULL"), reason="several minutes: SLUICE_FAMILY_FULL=1")
 def test_the_bench_family_meets_the_goals():
-    """``make bench-control``'s family (64 four-hour traces, the bench's own code) against the
+    """``make bench-control``'s family (its first 64 four-hour traces, the bench's own code) against the
     issue's goals: median <= 1.05x FixBI, p90 <= 1.15x, max <= 1.25x, median <= 1.10x the oracle,
     no runaway."""
     fam = summarise_family([run_family(seed) for seed in range(64)])

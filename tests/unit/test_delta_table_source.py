@@ -12,7 +12,9 @@ from pathlib import Path
 import pytest
 
 from sluice.errors import SourceError, SpecError
+from sluice.protocol.leases import acquire_lease
 from sluice.protocol.operations import skip_entry
+from sluice.protocol.planning import plan_group
 from sluice.sources import source_for
 from sluice.sources.delta_table import DeltaTableSource
 from sluice.spec import load_spec
@@ -22,13 +24,16 @@ T0 = 1_767_225_600  # commit times, seconds
 
 
 def commit(table: Path, version: int, operation: str = "WRITE", *, adds: int = 1, removes: int = 0,
-           restored_to: int | None = None) -> None:
-    """One commit file as Delta writes it: commitInfo, then add (and remove) actions."""
+           restored_to: int | None = None, meta: dict | None = None) -> None:
+    """One commit file as Delta writes it: commitInfo (``meta``: the userMetadata sluice writes),
+    then add (and remove) actions."""
     log = table / "_delta_log"
     log.mkdir(parents=True, exist_ok=True)
     params = {"version": restored_to} if restored_to is not None else {"mode": "Append"}
     lines = [{"commitInfo": {"timestamp": (T0 + version) * 1000, "operation": operation,
                              "operationParameters": params}}]
+    if meta is not None:
+        lines[0]["commitInfo"]["userMetadata"] = json.dumps(meta)
     for i in range(adds):
         name = f"part-{version:05d}-{i}.snappy.parquet"
         (table / name).write_bytes(b"x" * (100 + version))
@@ -117,6 +122,52 @@ def test_versions_undone_before_they_were_registered_are_never_read(setup):
     source = source_for(spec, log)
     source.discover()
     assert registered(log, spec) == ["0", "4"]
+
+
+def test_only_versions_the_upstream_published_are_registered(setup):
+    """Issue 37 item 6: the upstream (a sluice pipeline of the same store) commits group 0's
+    version and its driver dies before the store publishes it. The downstream polls then: the
+    version waits (today it was registered, and the upstream's rerun RESTORE then halted the
+    downstream until an operator skipped it). The rerun RESTOREs it and writes the group again;
+    once published, that version is registered, and nothing needs a skip."""
+    upstream, spec, log = setup
+    up = "up"
+    log.register_files(up, [(f"/landing/f{i}.json", 100, 1000.0 + i) for i in range(4)])
+    lease = acquire_lease(log, up, "run-1")
+    group = plan_group(log, lease, epoch_size=4, k=1)
+    assert group is not None
+    meta = {"pipeline": up, "sink": "out", "generation": group.epochs[0].generation,
+            "epochs": [[e.epoch_id, e.start, e.end] for e in group.epochs], "token": lease.fence}
+    commit(upstream, 0, "CREATE TABLE", adds=0)
+    commit(upstream, 1, meta=meta)  # the crashed attempt's commit: never published
+    source = source_for(spec, log)
+    source.discover()
+    assert registered(log, spec) == [] and source.backlog().files == 0, "an unpublished version waits"
+    # the upstream's rerun: RESTORE the crashed attempt's version, write the group again, publish
+    commit(upstream, 2, "RESTORE", adds=0, restored_to=0, meta={**meta, "restore_to": 0})
+    commit(upstream, 3, meta=meta)
+    source.discover()
+    assert registered(log, spec) == [], "committed in Delta, not published in the store yet: it waits"
+    for e in group.epochs:
+        log.mark_committed(lease, [(e, {"out": 3}, {}, {"epoch_s": 0.1}, None)])
+    log.finish_group(lease, group.group_id)
+    source.discover()
+    assert registered(log, spec) == ["3"]
+    # a later group, published: registered after it, in order
+    commit(upstream, 4, meta={**meta, "epochs": [[1, 4, 8]]})
+    source.discover()
+    assert registered(log, spec) == ["3"], "epoch 1 is not even planned upstream: version 4 waits"
+
+
+def test_an_upstream_this_store_does_not_know_is_read_as_its_log_says(setup):
+    """Versions sluice wrote for a pipeline of another store: nothing to hold them to, so they
+    are registered as committed (what a chained pipeline across stores has always done)."""
+    upstream, spec, log = setup
+    meta = {"pipeline": "elsewhere", "sink": "out", "generation": 1, "epochs": [[0, 0, 4]], "token": 1}
+    commit(upstream, 0, "CREATE TABLE", adds=0)
+    commit(upstream, 1, meta=meta)
+    source_for(spec, log).discover()
+    assert registered(log, spec) == ["1"]
 
 
 def test_a_range_that_cannot_be_read_again_is_refused_naming_the_version(setup):

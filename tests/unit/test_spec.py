@@ -69,6 +69,8 @@ def test_shipped_specs_load():
         assert Path(spec.path) == SHIPPED / f"{name}.yaml"
         if spec.source.type == "files":
             assert Path(spec.source.path).is_absolute() and "${" not in spec.source.path
+        elif spec.source.type == "delta":
+            assert Path(spec.source.table).is_absolute() and "${" not in spec.source.table
         else:
             assert "${" not in spec.source.bootstrap_servers
         assert all(Path(s.path).is_absolute() for s in spec.sinks)

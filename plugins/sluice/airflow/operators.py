@@ -560,5 +560,5 @@ class RunGroupSubmitOperator(SparkSubmitOperator):
         # of sluice it imports.
         self.env_vars = {**(self.env_vars or {}), "SLUICE_STORE_URL": pipeline_store(),
                          "SLUICE_HOME": str(project_root())}
-        self.py_files = python_files(get_spec(self.pipeline).transform)
+        self.py_files = python_files(get_spec(self.pipeline).transform_function)
         return super().execute(context)

@@ -122,6 +122,15 @@ class CostCurve:
         self._cache = (self._version, out)
         return out
 
+    def _affine(self) -> tuple[float, float]:
+        """``(a, b) >= 0`` with ``T(n) = a + b n`` fitted (non-negative least squares, relative
+        errors) to the bins: ``a`` is what an epoch costs whatever its records (commit, planning,
+        task start), the floor of any epoch's time."""
+        n, t = self.curve()
+        u = n / n[-1]
+        coef, _ = nnls(np.stack([np.ones_like(u), u], axis=1) / t[:, None], np.ones_like(t))
+        return float(coef[0]), float(coef[1] / n[-1])
+
     def _quadratic(self) -> tuple[float, float, float] | None:
         """``(a, b, c) >= 0`` with ``T(n) = a + b n + c n^2`` fitted (non-negative least squares,
         relative errors) to the bins; ``None`` with fewer than 3. Its curvature is what the
@@ -152,9 +161,7 @@ class CostCurve:
         that is steeper (the measured curvature carries on)."""
         n, t = self.curve()
         if self.linear():
-            u = n / n[-1]
-            coef, _ = nnls(np.stack([np.ones_like(u), u], axis=1) / t[:, None], np.ones_like(t))
-            return t[-1] + coef[1] / n[-1] * (x - n[-1])
+            return t[-1] + self._affine()[1] * (x - n[-1])
         out = t[-1] * x / n[-1]
         quad = self._quadratic()
         if quad is not None:
@@ -176,7 +183,10 @@ class CostCurve:
         # flat for a fixed cost per epoch, steeply down for superlinear work, whose cheaper
         # records lie there
         slope = min(2.0, max(0.0, math.log(t[1] / t[0]) / math.log(n[1] / n[0]))) if t[0] > 0 else 0.0
-        below = t[0] * (x / n[0]) ** slope
+        # ... but never under the fixed part of an epoch the bins show (a + b n fitted): a cost
+        # per epoch that does not shrink with its records (a slow commit) would otherwise read as
+        # cheap tiny epochs, and a drain would plan dozens of them
+        below = np.maximum(t[0] * (x / n[0]) ** slope, min(t[0], self._affine()[0]))
         return np.where(x > n[-1], self._above(x), np.where(x < n[0], below, inside))
 
     def best(self) -> tuple[float, float] | None:

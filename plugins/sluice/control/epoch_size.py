@@ -378,6 +378,11 @@ class EpochSizeController:
         stable = smallest_stable_group(fit, coord, file_rate, cfg.margin_s, k_cap, limit)
         if stable is not None and backlog_files <= cfg.catchup_factor * stable[0] * stable[1]:
             x, k = stable
+            if backlog_files > x * k:
+                # take what waits: the files beyond the stable group would otherwise age a whole
+                # group more; its epochs grow to hold them (within the size limit, so never into
+                # the steep part; beyond catchup_factor groups the catch-up plan drains instead)
+                x = max(x, min(limit, backlog_files // k))
             wall = float(coord + k * predict(fit, x))
             explore = self.curve.choose_partitions(x * rpf, cfg.partitions)
             if explore is not None and explore != P and self.curve.samples(explore) < EXPLORE_SAMPLES:

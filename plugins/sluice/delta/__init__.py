@@ -48,20 +48,26 @@ __all__ = ["APPEND", "TableCommit", "TableShape", "Tables", "Txn", "Written", "c
 
 @dataclass(frozen=True)
 class TableShape:
-    """How rows go into a table: ``append``, or ``aggregate`` (MERGE adding ``sums`` by ``keys``);
-    Delta partition columns, and where rows go before a keyed write (``hash`` or ``prompt``)."""
+    """How rows go into a table: ``append``, ``aggregate`` (MERGE adding ``sums`` by ``keys``) or
+    ``upsert`` (MERGE by ``keys``, the greatest row by ``sequence_by`` wins, ``delete_when`` rows
+    kept as tombstones; ``sluice.delta.upsert``); Delta partition columns, and where rows go
+    before a keyed write (``hash`` or ``prompt``)."""
 
     mode: str = "append"
     keys: tuple[str, ...] = ()
     sums: tuple[str, ...] = ()
     partition_by: tuple[str, ...] = ()
     partitioning: str = "hash"
+    sequence_by: str | None = None
+    delete_when: str | None = None
+    history: str = "none"
 
     @classmethod
     def of(cls, spec: Any, partitioning: str = "hash") -> TableShape:
         """The shape of a ``SinkSpec``."""
         return cls(spec.mode, tuple(spec.keys or ()), tuple(spec.sums or ()), tuple(spec.partition_by or ()),
-                   partitioning)
+                   partitioning, getattr(spec, "sequence_by", None), getattr(spec, "delete_when", None),
+                   getattr(spec, "history", None) or "none")
 
 
 APPEND = TableShape()
@@ -100,9 +106,10 @@ class Tables(ABC):
         """The table's latest version, or ``None`` when there is no table."""
 
     @abstractmethod
-    def create(self, path: str, like: Any, partition_by: Sequence[str] = (), metadata: str | None = None) -> None:
+    def create(self, path: str, like: Any, partition_by: Sequence[str] = (), metadata: str | None = None,
+               shape: TableShape | None = None) -> None:
         """Create the table empty, with ``like``'s schema, unless it exists (a commit of its own,
-        with ``metadata`` as its ``userMetadata``)."""
+        with ``metadata`` as its ``userMetadata``); an upsert ``shape`` adds its tombstone flag."""
 
     @abstractmethod
     def txn_version(self, path: str, app_id: str) -> int | None:
@@ -194,4 +201,4 @@ def commit_of(version: int, operation: str, user_metadata: str | None,
     return TableCommit(version, "RESTORE" if meta.get("restore_to") is not None else str(operation or ""),
                        int(restored) if restored not in (None, "") else None, meta.get("app_id"),
                        meta.get("generation"), epochs, int(meta.get("token") or 0), meta.get("pipeline"),
-                       bool(meta.get("fence")))
+                       bool(meta.get("fence")), meta.get("sink"))

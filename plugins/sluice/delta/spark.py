@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote, urlparse
 
 from sluice import boundary
-from sluice.delta import Restored, Tables, TableShape, Written, commit_of
+from sluice.delta import Restored, Tables, TableShape, Written, commit_of, upsert
 from sluice.errors import FencedError, SluiceError
 from sluice.model import TableCommit, Txn
 from sluice.protocol.rules import txn_token
@@ -243,9 +243,18 @@ class SparkTables(Tables):
 
     # -- writes ------------------------------------------------------------------------------
 
-    def create(self, path: str, like: Any, partition_by: Sequence[str] = (), metadata: str | None = None) -> None:
+    def create(self, path: str, like: Any, partition_by: Sequence[str] = (), metadata: str | None = None,
+               shape: TableShape | None = None) -> None:
         if self.exists(path):
             return
+        if shape is not None and shape.mode == "upsert" and upsert.DELETED not in like.columns:
+            from pyspark.sql import functions as F
+
+            like = like.withColumn(upsert.DELETED, F.lit(False))  # the tombstone flag
+            if shape.history == "scd2":
+                seq = F.col(f"`{shape.sequence_by}`")
+                like = (like.withColumn(upsert.VALID_FROM, seq).withColumn(upsert.VALID_TO, seq)
+                        .withColumn(upsert.CURRENT, F.lit(False)))
         conf = self.spark.conf
         if metadata is not None:
             conf.set(_TXN_CONFS[2], metadata)
@@ -274,13 +283,16 @@ class SparkTables(Tables):
 
     def write(self, path: str, frame: Any, shape: TableShape, *, txn: Txn, metadata: str,
               rows: int | None = None) -> Written:
-        """An append, or an aggregate's MERGE adding the per-key sums. Into a table without rows
+        """An append, an aggregate's MERGE adding the per-key sums, or an upsert (``_upsert``).
+        Into a table without rows
         (new, or restored to before its first write) an aggregate's sums are appended: no key
         can match, so MERGE's join is saved."""
         df = frame
         n = int(self.spark.conf.get("spark.sql.shuffle.partitions") or 200)
         last = json.loads(metadata).get("epoch", 0)
         keys = None
+        if shape.mode == "upsert":
+            return self._upsert(path, df, shape, txn, metadata)
         if shape.mode == "append" or self.holds_no_files(path):
             if shape.mode != "append":
                 from pyspark.sql import functions as F
@@ -300,12 +312,40 @@ class SparkTables(Tables):
             self._merge_add(path, source, shape, txn, metadata)
         return Written(keys)
 
+    def _upsert(self, path: str, frame: DataFrame, shape: TableShape, txn: Txn, metadata: str) -> Written:
+        """An upsert (``sluice.delta.upsert``): the group's changes reduced to the greatest per
+        key, then MERGEd, replacing a held row only by a greater one, in one commit with the txn.
+        Into a table without rows the reduced changes are appended (no key can match)."""
+        table = self.spark.read.format("delta").load(path)
+        schema = table.schema
+        if shape.history == "scd2":  # the touched keys' versions, recomputed: MERGE on (keys, valid_from)
+            source = upsert.spark_history(frame, shape, table)
+        else:
+            source = upsert.spark_changes(frame, shape, schema)
+        if self.holds_no_files(path):
+            (source.write.format("delta").mode("append").option("txnAppId", txn.app_id)
+             .option("txnVersion", txn.version).option("userMetadata", metadata).save(path))
+        elif shape.history == "scd2":
+            on = upsert.merge_clauses(schema, shape)[0] + f" AND t.`{upsert.VALID_FROM}` <=> s.`{upsert.VALID_FROM}`"
+            self._merge(path, source, txn, metadata, on, update=None)
+        else:
+            on, greater = upsert.merge_clauses(schema, shape)
+            self._merge(path, source, txn, metadata, on, update=None, matched_if=greater)
+        return Written()
+
     def _merge_add(self, path: str, source: DataFrame, shape: TableShape, txn: Txn, metadata: str) -> None:
         """MERGE the per-key sums (unique keys, as MERGE requires), adding ``sums`` on matched
-        keys. MERGE takes no writer options, so the txn identifiers go through the session confs
-        Delta reads for DML, set only for this one statement."""
+        keys."""
         cond = " AND ".join(f"t.`{k}` = s.`{k}`" for k in shape.keys)
         update = {f"`{c}`": f"t.`{c}` + s.`{c}`" for c in shape.sums}
+        self._merge(path, source, txn, metadata, cond, update=update)
+
+    def _merge(self, path: str, source: DataFrame, txn: Txn, metadata: str, cond: str,
+               update: dict[str, str] | None, matched_if: str | None = None) -> None:
+        """MERGE ``source`` (unique keys) on ``cond``: matched rows get ``update`` (``None``:
+        every column from the source), where ``matched_if`` holds; unmatched ones are inserted.
+        MERGE takes no writer options, so the txn identifiers go through the session confs
+        Delta reads for DML, set only for this one statement."""
         conf = self.spark.conf
         view = f"sluice_merge_{uuid.uuid4().hex}"  # Spark Connect: MERGE INTO ... USING a temp view
         try:
@@ -314,14 +354,17 @@ class SparkTables(Tables):
             conf.set(_TXN_CONFS[2], metadata)
             if self.connect:
                 source.createOrReplaceTempView(view)
-                sets = ", ".join(f"t.{col} = {expr}" for col, expr in update.items())
+                sets = "*" if update is None else ", ".join(f"t.{col} = {expr}" for col, expr in update.items())
+                when = f" AND {matched_if}" if matched_if else ""
                 self.spark.sql(f"MERGE INTO {table_ref(path)} t USING {view} s ON {cond} "
-                               f"WHEN MATCHED THEN UPDATE SET {sets} WHEN NOT MATCHED THEN INSERT *")
+                               f"WHEN MATCHED{when} THEN UPDATE SET {sets} WHEN NOT MATCHED THEN INSERT *")
             else:
                 from delta.tables import DeltaTable
 
-                (DeltaTable.forPath(self.spark, path).alias("t").merge(source.alias("s"), cond)
-                 .whenMatchedUpdate(set=update).whenNotMatchedInsertAll().execute())
+                merge = DeltaTable.forPath(self.spark, path).alias("t").merge(source.alias("s"), cond)
+                merge = (merge.whenMatchedUpdateAll(condition=matched_if) if update is None
+                         else merge.whenMatchedUpdate(condition=matched_if, set=update))
+                merge.whenNotMatchedInsertAll().execute()
         finally:
             for key in _TXN_CONFS:
                 conf.unset(key)

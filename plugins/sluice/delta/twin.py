@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sluice import boundary
-from sluice.delta import Restored, Tables, TableShape, Written, commit_of
+from sluice.delta import Restored, Tables, TableShape, Written, commit_of, upsert
 from sluice.errors import SluiceError
 from sluice.model import TableCommit, Txn
 
@@ -181,7 +181,8 @@ class TwinTables(Tables):
                                      read_version, rows))
         return version
 
-    def create(self, path: str, like: Any, partition_by: Sequence[str] = (), metadata: str | None = None) -> None:
+    def create(self, path: str, like: Any, partition_by: Sequence[str] = (), metadata: str | None = None,
+               shape: TableShape | None = None) -> None:  # rows carry no schema: an upsert's flag needs none
         boundary.step("delta.w.create:begin")
         existing = self._tables.get(path)
         if existing is not None and existing.commits:
@@ -215,6 +216,26 @@ class TwinTables(Tables):
         if shape.mode == "append":
             self._commit(path, read_version, "WRITE", adds=[tuple(rows_in)], txn=txn, metadata=metadata,
                          rows=len(rows_in))
+            return Written()
+        if shape.mode == "upsert" and shape.history == "scd2":  # every version, in sequence order
+            flagged = upsert.flag_deletes(rows_in, shape)
+            held = [row for name in current for row in table.files[name]]
+            versions = upsert.history_rows(held, flagged, shape)
+            touched = {upsert.key_of(r, shape) for r in flagged}  # MERGE's source: their versions
+            self._commit(path, read_version, "MERGE" if current else "WRITE",
+                         adds=[tuple(versions)] if versions else [], removes=current, txn=txn, metadata=metadata,
+                         rows=sum(upsert.key_of(r, shape) in touched for r in versions), reads_data=bool(current))
+            return Written()
+        if shape.mode == "upsert":  # sluice.delta.upsert: the greatest change per key wins
+            changes = upsert.reduce_changes(upsert.flag_deletes(rows_in, shape), shape)
+            if not current:  # no row to match: appended, as SparkTables does
+                self._commit(path, read_version, "WRITE", adds=[tuple(changes.values())], txn=txn,
+                             metadata=metadata, rows=len(changes))
+                return Written()
+            held = [row for name in current for row in table.files[name]]
+            merged_rows = upsert.merge_changes(held, changes, shape)
+            self._commit(path, read_version, "MERGE", adds=[tuple(merged_rows)] if merged_rows else [],
+                         removes=current, txn=txn, metadata=metadata, rows=len(changes), reads_data=True)
             return Written()
         sums = _sums_by_key(rows_in, shape.keys, shape.sums)
         if not current:  # no row to match: the sums are appended (as SparkTables does, saving MERGE's join)

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 from sluice import faults, validation
 from sluice.compute import QUARANTINE, REJECTED, Compute, Prepared
-from sluice.errors import FencedError, PipelineHaltedError, SharedTableError, SluiceError
+from sluice.errors import FencedError, PipelineHaltedError, SharedTableError, SluiceError, TransformError
 from sluice.model import COMMITTED, FAILED, PUBLISHED, Epoch, EpochRange, Group, Lease
 from sluice.protocol import rules
 from sluice.protocol.tables import PipelineTable, SinkCommit, pipeline_tables
@@ -108,7 +108,12 @@ class GroupJob:
         todo = [e for e in group.epochs if e.state not in (COMMITTED, PUBLISHED)]
         with self.runtime.keeper(self.store, lease, self.spec.control.lease_ttl_s):
             if todo:
-                ready_tables(self.spec, self.store, self.runtime, lease, todo[0].generation)
+                try:
+                    ready_tables(self.spec, self.store, self.runtime, lease, todo[0].generation)
+                except TransformError as exc:  # fails on empty input (a SQL error): a failed attempt
+                    first = todo if self.spec.commit == "group" else todo[:1]
+                    self._attempt(lease, first, reconcile=False)  # no table was written: none existed yet
+                    self._fail(lease, first, exc)
             if self.spec.commit == "group" and todo:
                 self._attempt(lease, todo)
                 try:
@@ -131,13 +136,15 @@ class GroupJob:
 
     # -- an attempt, and what an earlier one left in the tables --------------------------------
 
-    def _attempt(self, lease: Lease, epochs: list[Epoch]) -> None:
+    def _attempt(self, lease: Lease, epochs: list[Epoch], reconcile: bool = True) -> None:
         """Count an attempt of ``epochs`` (refused once the pipeline is halted on them); if any
-        was attempted before, reconcile the tables first."""
+        was attempted before, reconcile the tables first (unless ``reconcile`` is false)."""
         reason = rules.halt_reason(epochs, self.spec.control.max_attempts, self.spec.control.max_crashes)
         if reason:
             raise PipelineHaltedError(f"pipeline {self.spec.name!r} is halted: {reason}")
         published_before = self.store.start_attempt(lease, epochs)
+        if not reconcile:
+            return
         # Reconcile what an earlier attempt may have written; before the pipeline's first
         # publish, always (a run of a store that was lost may have written these epochs).
         if any(e.attempts > 0 or e.state == FAILED for e in epochs) or not published_before:

@@ -106,7 +106,7 @@ class PipelineTable:
         """Create the table empty (``like``'s schema) unless it exists; its creation names the
         pipeline and the token (a store that lost the pipeline can tell the tables are not new)."""
         tables.create(self.path, like, self.shape.partition_by,
-                      metadata=self.metadata([], generation, token, created=True))
+                      metadata=self.metadata([], generation, token, created=True), shape=self.shape)
 
     def fence(self, tables: Tables, generation: int, token: int) -> int | None:
         """Record ``token`` in the table under the generation's app id (an empty commit): from

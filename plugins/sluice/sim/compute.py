@@ -3,7 +3,8 @@ through the real ``FileSource`` (its manifest, its retention checks). Frames are
 dicts, as the Delta twin takes them.
 
 The transform: a record ``{"k": <key>, "n": <int>}`` is valid; the ``counts`` sink adds ``n``
-per ``k`` (aggregate), the ``clean`` sink appends the record with its file and line. A line that
+per ``k`` (aggregate), the ``clean`` sink appends the record with its file and line, the
+``latest`` sink upserts it (the highest ``n`` per ``k``; ``n = 9`` deletes ``k``). A line that
 is not a JSON object, or lacks ``k``/``n``, goes to ``_rejected``. A record whose ``k`` is
 ``"POISON"`` makes the transform fail (a poison record: only skipping its file helps). A record
 whose ``k`` is ``"INVALID"`` passes the transform but fails the ``counts`` sink's expectation
@@ -23,6 +24,7 @@ from sluice.model import Epoch, EpochRange
 from sluice.validation import SinkValidation
 
 POISON = "POISON"
+LATEST_DELETE = 9  # the ``latest`` upsert sink's delete_when: n = 9
 INVALID = "INVALID"
 #: The reason the fixed spec's check gives an INVALID record.
 INVALID_REASON = "check failed: k <> 'INVALID'"
@@ -53,7 +55,7 @@ def file_lines(path: str) -> list[str]:
 
 
 class TwinCompute(Compute):
-    """The data plane of the simulation's pipelines (sinks ``counts`` and ``clean``).
+    """The data plane of the simulation's pipelines (sinks ``counts``, ``clean``, ``latest``).
     ``fixed()``: whether the operator has deployed the check that rejects INVALID records."""
 
     def __init__(self, spec: Any, store: Any, fixed: Callable[[], bool] = lambda: False) -> None:
@@ -92,7 +94,7 @@ class TwinCompute(Compute):
                     raise PoisonError(f"the transform failed on {path} line {line}")
                 invalid += record["k"] == INVALID
                 for sink in self.spec.sinks:
-                    row = dict(record) if sink.mode == "aggregate" else dict(record, file=path, line=line)
+                    row = dict(record) if sink.mode != "append" else dict(record, file=path, line=line)
                     epoch_outputs[sink.name].append(row)
             prepared.n_rejected[epoch.epoch_id] = bad
             counted = len(epoch_outputs["counts"])

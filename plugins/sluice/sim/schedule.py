@@ -292,7 +292,8 @@ def _check(world: World, outcome: Outcome) -> None:
         return
     want, got = world.oracle(store), world.held()
     problems = [p for p in (_diff("counts", want["counts"], got["counts"]),
-                            _diff("clean", want["clean"], got["clean"])) if p]
+                            _diff("clean", want["clean"], got["clean"]),
+                            _diff("latest", want["latest"], got["latest"])) if p]
     if problems:
         v["tables"] = "; ".join(problems)
     if any(n != 1 for n in got["_rejected"].values()):

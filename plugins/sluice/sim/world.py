@@ -18,7 +18,7 @@ from typing import Any
 from sluice.delta.twin import TwinTables
 from sluice.model import Lease
 from sluice.protocol.runtime import Runtime
-from sluice.sim.compute import INVALID, POISON, TwinCompute, parse
+from sluice.sim.compute import INVALID, LATEST_DELETE, POISON, TwinCompute, parse
 from sluice.sim.scheduler import Scheduler, current
 from sluice.spec import PipelineSpec
 from sluice.store import EpochStore
@@ -78,7 +78,10 @@ def sim_spec(root: Path, config: Config, table_root: str | None = None) -> Pipel
                    "settle_s": 0,  # files are renamed into place whole
                    "schema": {"k": "string", "n": "long"}, "required": ["k", "n"], "unknown_fields": "ignore"},
         "sinks": [{"name": "counts", "mode": "aggregate", "path": f"{tables}/counts", "keys": ["k"], "sums": ["n"]},
-                  {"name": "clean", "mode": "append", "path": f"{tables}/clean"}],
+                  {"name": "clean", "mode": "append", "path": f"{tables}/clean"},
+                  # The highest n per k; n = 9 deletes k (sluice.delta.upsert: a tombstone).
+                  {"name": "latest", "mode": "upsert", "path": f"{tables}/latest", "keys": ["k"],
+                   "sequence_by": "n", "delete_when": f"n = {LATEST_DELETE}"}],
         "commit": config.commit,
         "control": {"adaptive": False, "epoch_files": config.epoch_files, "group_epochs": config.group_epochs,
                     "lease_ttl_s": TTL_S, "max_attempts": 3, "max_crashes": 10},
@@ -211,6 +214,7 @@ class World:
         counts: Counter[Any] = Counter()
         clean: Counter[Any] = Counter()
         rejected: Counter[Any] = Counter()
+        highest: dict[str, int] = {}
         manifest = store.manifest(PIPELINE)
         for epoch in store.epochs(PIPELINE):
             if epoch.state != "published":
@@ -225,7 +229,9 @@ class World:
                     else:
                         counts[record["k"]] += record["n"]
                         clean[(entry.path, n)] += 1
-        return {"counts": counts, "clean": clean, "_rejected": rejected}
+                        highest[record["k"]] = max(highest.get(record["k"], record["n"]), record["n"])
+        latest = Counter({(k, n, n == LATEST_DELETE): 1 for k, n in highest.items()})
+        return {"counts": counts, "clean": clean, "_rejected": rejected, "latest": latest}
 
     def held(self) -> dict[str, Counter[Any]]:
         """What the tables hold now (the twin's rows, as a reader sees them)."""
@@ -234,4 +240,5 @@ class World:
             counts[row["k"]] += row["n"]
         clean = Counter((r["file"], r["line"]) for r in self.tables.rows(self.spec.sinks[1].path))
         rejected = Counter((r["file"], r["line"]) for r in self.tables.rows(self.spec.rejected_table))
-        return {"counts": +counts, "clean": clean, "_rejected": rejected}
+        latest = Counter((r["k"], r["n"], r["_deleted"]) for r in self.tables.rows(self.spec.sinks[2].path))
+        return {"counts": +counts, "clean": clean, "_rejected": rejected, "latest": latest}

@@ -9,6 +9,13 @@ transform through the same parse as a file's lines (each row as a JSON object, `
 version and data file, ``_line`` its row in that file), so the schema, required fields, checks
 and ``_rejected`` work as for any source.
 
+Only versions the upstream *published* are registered, when the upstream is a sluice pipeline
+of the same epoch store: a version its group committed but has not published yet (a group
+running, or one whose driver died after the Delta commit) waits, and the upstream's own rerun
+RESTOREs a crashed attempt's version before it publishes the group again, so that version is
+never read and a chained pipeline needs no skip for its upstream's crash. An upstream the store
+does not know (another store, or not sluice) is read as its log says.
+
 An upstream RESTORE (its pipeline rolled back) that undid registered versions stops the
 pipeline before anything is read, with what to do (``UpstreamRestore.message``). The upstream's
 ``_delta_log`` is read as files: the table must be on a local or mounted file system.
@@ -22,6 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from sluice.errors import SourceError
+from sluice.model import PUBLISHED
 from sluice.sources.base import Backlog, EntrySource
 from sluice.sources.delta_versions import (
     TableVersion,
@@ -94,9 +102,40 @@ class DeltaTableSource(EntrySource):
         tail = self.store.manifest_tail(self.spec.name, 1 << 62, 1)
         return TableVersion.parse(tail[-1].path).version if tail else None
 
-    def _unregistered(self, commits: list[TableCommit]) -> list[VersionLog]:
+    def _upstream(self) -> str | None:
+        """The sluice pipeline that writes the upstream table, if this store knows it (its newest
+        commit that names one)."""
+        from sluice.delta.spark import local_lineage
+
+        if not (Path(self.table.removeprefix("file:")) / "_delta_log").is_dir():
+            return None
+        name = next((c.pipeline for c in local_lineage(self.table) if c.pipeline), None)
+        return name if name and self.store.knows(name) else None
+
+    def _published(self) -> tuple[str, set[tuple[str, int]]] | None:
+        """``(upstream pipeline, {(sink, version)} it published)``, read *before* the upstream's
+        log is listed: a group published by then had its crashed attempts' versions RESTOREd
+        before, so no version listed afterwards can be an undone one that looks published.
+        ``None``: the store does not know the upstream (nothing to hold its versions to)."""
+        upstream = self._upstream()
+        if upstream is None:
+            return None
+        return upstream, {(sink, int(version)) for e in self.store.epochs(upstream) if e.state == PUBLISHED
+                          for sink, version in e.delta_versions.items() if version is not None}
+
+    def _unregistered(self, commits: list[TableCommit],
+                      published: tuple[str, set[tuple[str, int]]] | None = None) -> list[VersionLog]:
+        """The versions to register next, oldest first: those the upstream published (see
+        ``_published``), up to the first it has not (later ones wait behind it, in order)."""
         found = []
+        by_version = {c.version: c for c in commits}
         for version in versions_to_register(self.table, commits, self._last_registered()):
+            commit = by_version.get(version)
+            if (published is not None and commit is not None and commit.pipeline == published[0]
+                    and commit.epochs and not _published_version(commit, published[1])):
+                log.debug("%s: version %d holds epochs %s that pipeline %r has not published yet; it waits",
+                         self._where(), version, list(commit.epochs), commit.pipeline)
+                break
             entry = read_version(self.table, version)
             if entry is None:
                 raise SourceError(f"{self._where()}: version {version} is no longer in the upstream's log (log "
@@ -108,9 +147,11 @@ class DeltaTableSource(EntrySource):
 
     def discover(self) -> int:
         """Register the upstream versions committed since the last discovery, oldest first."""
+        published = self._published()
         commits = self._commits()
         self._check_restores(commits)
-        new = [(TableVersion(self.table, v.version).path, v.size, v.timestamp_s) for v in self._unregistered(commits)]
+        new = [(TableVersion(self.table, v.version).path, v.size, v.timestamp_s)
+               for v in self._unregistered(commits, published)]
         return self.store.register_files(self.spec.name, new)
 
     def backlog(self) -> Backlog:
@@ -119,7 +160,8 @@ class DeltaTableSource(EntrySource):
         next_offset = self.store.next_offset(self.spec.name)
         entries = self.store.manifest_tail(self.spec.name, next_offset, RECENT_ENTRIES)
         pending = [e for e in entries if e.position >= next_offset]
-        unregistered = self._unregistered(self._commits())
+        published = self._published()
+        unregistered = self._unregistered(self._commits(), published)
         times = [e.mtime for e in pending] + [v.timestamp_s for v in unregistered]
         return Backlog(files=len(pending) + len(unregistered),
                        bytes=sum(e.size for e in pending) + sum(v.size for v in unregistered),
@@ -204,6 +246,14 @@ class DeltaTableSource(EntrySource):
             _as_json(data).alias("_text"),
             *epoch)
         return self.parse_lines(lines)
+
+
+def _published_version(commit: TableCommit, published: set[tuple[str, int]]) -> bool:
+    """Whether ``commit`` is a version its pipeline published (by sink and version; by version
+    alone for a commit that does not name its sink)."""
+    if commit.sink is None:
+        return any(version == commit.version for _, version in published)
+    return (commit.sink, commit.version) in published
 
 
 def _as_json(columns: list[str]) -> Any:

@@ -184,6 +184,36 @@ class KafkaSource(EntrySource):
         raise SourceError(f"{self._where()}: could not read the record at offset {offset} of partition {partition} "
                           f"within {TIMEOUT_S:.0f} s")
 
+    def _topic_id(self) -> str | None:
+        """The topic's ID (Kafka's UUID of this incarnation of the name), ``None`` where the
+        broker does not say (before KIP-516) or the client cannot ask."""
+        from confluent_kafka import KafkaException, TopicCollection
+        from confluent_kafka.admin import AdminClient
+
+        admin = AdminClient({"bootstrap.servers": self.kafka.bootstrap_servers,
+                             "socket.timeout.ms": int(TIMEOUT_S * 1000), "log_level": 3, **self.kafka.options})
+        try:
+            found = admin.describe_topics(TopicCollection([self.topic]), request_timeout=TIMEOUT_S)
+            topic_id = found[self.topic].result(timeout=TIMEOUT_S).topic_id
+        except (KafkaException, KeyError, TimeoutError, TypeError, ValueError) as exc:
+            log.debug("%s: no topic ID (%s)", self._where(), exc)
+            return None
+        text = str(topic_id) if topic_id is not None else ""
+        return text if text and set(text) != {"0"} else None
+
+    def _check_identity(self) -> str | None:
+        """Stop when the topic's ID is not the one its registered records came from (the topic
+        was deleted and re-created: offsets from the old end on would skip the new topic's first
+        records, even when it already holds more than the old one did). Returns the ID now."""
+        now = self._topic_id()
+        recorded = (self.store.source_identity(self.spec.name) or {}).get("topic_id")
+        if now is not None and recorded is not None and now != recorded:
+            raise SourceError(f"{self._where()}: the topic was deleted and re-created since sluice registered its "
+                              f"records (its topic ID was {recorded}, it is {now}). Nothing new is registered, so "
+                              "no record of the new topic is skipped unseen. To go on, point the pipeline at a new "
+                              "topic name, or start a new pipeline on this topic.")
+        return now
+
     def _registered_ends(self) -> dict[int, int]:
         """Per partition, the end of its last registered chunk (the store's aggregate over the
         topic's chunks, not a scan of the manifest)."""
@@ -222,6 +252,7 @@ class KafkaSource(EntrySource):
 
     def discover(self) -> int:
         """Register the records written since the last discovery as chunks, oldest first."""
+        topic_id = self._check_identity()
         with self._consumer() as consumer:
             new: list[tuple[float, int, int, Chunk]] = []
             for p, (start, high) in self._unregistered(consumer, self._registered_ends()).items():
@@ -231,6 +262,10 @@ class KafkaSource(EntrySource):
                 for (a, b), at in zip(ranges, chunk_times(ranges, first, last), strict=True):
                     new.append((at, p, a, Chunk(self.topic, p, a, b)))
         new.sort(key=lambda chunk: chunk[:3])  # by time; a partition's chunks in offset order on ties
+        if topic_id is not None and (self.store.source_identity(self.spec.name) or {}).get("topic_id") is None:
+            # first sight (a new pipeline, or one registered before IDs were recorded): recorded
+            # before anything of this topic is registered under it
+            self.store.record_source_identity(self.spec.name, {"topic_id": topic_id})
         return self.store.register_files(self.spec.name, [(c.path, c.end - c.start, at) for at, _, _, c in new])
 
     def backlog(self) -> Backlog:
@@ -241,6 +276,7 @@ class KafkaSource(EntrySource):
         entries = self.store.manifest_tail(self.spec.name, next_offset, RECENT_CHUNKS)
         pending = [e for e in entries if e.position >= next_offset]
         recent = entries[-RECENT_CHUNKS:]
+        self._check_identity()
         with self._consumer() as consumer:
             unregistered = self._unregistered(consumer, self._registered_ends())
             first = [self._timestamp(consumer, p, start) for p, (start, _) in unregistered.items()]

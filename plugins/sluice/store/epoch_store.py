@@ -757,6 +757,18 @@ class EpochStore:
                 merged[table] = max(version, merged.get(table, -1))
             tx.update_state(announced=merged)
 
+    def source_identity(self, pipeline: str) -> dict[str, Any] | None:
+        """What the source was when its records were registered (``record_source_identity``)."""
+        with self.read(pipeline, "source_identity") as tx:
+            row = tx._row()
+            return dict(row.source_identity) if row is not None and row.source_identity else None
+
+    def record_source_identity(self, pipeline: str, identity: dict[str, Any]) -> None:
+        """Record what the source is (a Kafka topic's ID), merged into what was recorded."""
+        with self.transaction(pipeline, step="record_source_identity") as tx:
+            row = tx._row(lock=True)
+            tx.update_state(source_identity={**(row.source_identity or {}), **identity})
+
     # -- adaptive control ------------------------------------------------------------------------
 
     def control_state(self, pipeline: str) -> dict[str, Any] | None:

@@ -33,6 +33,9 @@ class PipelineRow(Base):
     # When the store was rebuilt from the tables' records (it then knows the pipeline, even
     # with no epoch published yet).
     rebuilt_at: Mapped[datetime | None] = mapped_column(DateTime, nullable=True)
+    # What the source is, as it identified itself when its records were first registered (a
+    # Kafka topic's ID): a source replaced under the same name is then told apart.
+    source_identity: Mapped[dict | None] = mapped_column(JSON, nullable=True)
 
 
 class SourceFileRow(Base):
