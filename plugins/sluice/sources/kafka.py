@@ -201,10 +201,11 @@ class KafkaSource(EntrySource):
         text = str(topic_id) if topic_id is not None else ""
         return text if text and set(text) != {"0"} else None
 
-    def _check_identity(self) -> str | None:
+    def _check_identity(self) -> tuple[str | None, str | None]:
         """Stop when the topic's ID is not the one its registered records came from (the topic
         was deleted and re-created: offsets from the old end on would skip the new topic's first
-        records, even when it already holds more than the old one did). Returns the ID now."""
+        records, even when it already holds more than the old one did). Returns the ID now and
+        the one recorded."""
         now = self._topic_id()
         recorded = (self.store.source_identity(self.spec.name) or {}).get("topic_id")
         if now is not None and recorded is not None and now != recorded:
@@ -212,7 +213,7 @@ class KafkaSource(EntrySource):
                               f"records (its topic ID was {recorded}, it is {now}). Nothing new is registered, so "
                               "no record of the new topic is skipped unseen. To go on, point the pipeline at a new "
                               "topic name, or start a new pipeline on this topic.")
-        return now
+        return now, recorded
 
     def _registered_ends(self) -> dict[int, int]:
         """Per partition, the end of its last registered chunk (the store's aggregate over the
@@ -252,7 +253,7 @@ class KafkaSource(EntrySource):
 
     def discover(self) -> int:
         """Register the records written since the last discovery as chunks, oldest first."""
-        topic_id = self._check_identity()
+        topic_id, recorded = self._check_identity()
         with self._consumer() as consumer:
             new: list[tuple[float, int, int, Chunk]] = []
             for p, (start, high) in self._unregistered(consumer, self._registered_ends()).items():
@@ -262,7 +263,7 @@ class KafkaSource(EntrySource):
                 for (a, b), at in zip(ranges, chunk_times(ranges, first, last), strict=True):
                     new.append((at, p, a, Chunk(self.topic, p, a, b)))
         new.sort(key=lambda chunk: chunk[:3])  # by time; a partition's chunks in offset order on ties
-        if topic_id is not None and (self.store.source_identity(self.spec.name) or {}).get("topic_id") is None:
+        if topic_id is not None and recorded is None:
             # first sight (a new pipeline, or one registered before IDs were recorded): recorded
             # before anything of this topic is registered under it
             self.store.record_source_identity(self.spec.name, {"topic_id": topic_id})
