@@ -28,13 +28,14 @@ export PYSPARK_PYTHON := $(PY)
 export PATH := $(VENV)/bin:$(PATH)
 export PYTHONPATH := $(CURDIR)/plugins:$(CURDIR)
 
-.PHONY: help setup venv jars kafka-jars demo demo-kafka demo-chain test test-full test-all sim system-packages lint kafka spark-cluster airflow generate store-rebuild bench-control bench-control-e2e \
+.PHONY: help setup venv jars kafka-jars demo demo-kafka demo-chain demo-cdc test test-full test-all sim system-packages lint kafka spark-cluster airflow generate store-rebuild bench-control bench-control-e2e \
 	bench bench-quick bench-sched bench-large-file compose-env clean backfill rollback preview-rollback recover skip-file cli
 
 help:
 	@echo "make demo      set up, generate YSB data, run the ysb DAG through Airflow, print results"
 	@echo "make demo-kafka  the same over a Kafka topic (the ysb_kafka pipeline; starts a broker if none runs)"
 	@echo "make demo-chain  ysb_clean, then a chained SQL pipeline on its table (hourly views per campaign)"
+	@echo "make demo-cdc    Debezium-shaped change events on Kafka upserted into Delta (customers_cdc), vs an oracle"
 	@echo "make test      set up, then lint and run the test suite (SQLite; the everyday loop)"
 	@echo "make test-full the same plus the runs on a real Postgres server (installs it; what CI runs)"
 	@echo "make sim       the deterministic simulation of the protocol (SCHEDULES=10000 SEED=<n>)"
@@ -104,6 +105,12 @@ demo-kafka: setup
 # that table, a SQL transform) sums them per campaign and hour; checked against an oracle.
 demo-chain: setup
 	@$(PY) include/demo.py --chain
+
+# Change data capture: Debezium-shaped events of a customers table on $(KAFKA) (a broker started
+# as for demo-kafka if none answers), the customers_cdc pipeline upserts them by id and lsn into
+# Delta; the table is checked against a plain-Python replay of the topic.
+demo-cdc: setup
+	@$(PY) include/demo.py --cdc $(KAFKA)
 
 # Two test workers (pytest-xdist), a test file each at a time: a module's servers start once.
 WORKERS ?= 2

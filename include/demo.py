@@ -1,4 +1,4 @@
-"""`make demo`, `make demo-kafka` and `make demo-chain`: YSB end to end through Airflow on the embedded defaults.
+"""The demos (`make demo`, `demo-kafka`, `demo-chain`, `demo-cdc`), end to end through Airflow on the embedded defaults.
 
 1. lands YSB events: files into ``var/landing/ysb`` (``make demo``), or messages into the
    Kafka topic ``ysb`` (``make demo-kafka``: the broker at ``$KAFKA``, 127.0.0.1:9092, is used
@@ -15,6 +15,12 @@
 append to Delta), then ``ysb_campaign_hourly``, a pipeline whose source is ``ysb_clean``'s
 table (each version it published is an entry) and whose transform is one SQL query: hourly
 views per campaign, checked against an oracle from the raw landed files.
+
+``make demo-cdc`` produces Debezium-shaped change events of a ``customers`` table (inserts,
+updates, deletes, re-inserts, some out of lsn order; ``include/generators/cdc.py``) to the topic
+``customers_cdc``, drains the ``customers_cdc`` pipeline (a SQL transform flattens the envelope,
+an upsert sink keeps the latest change per id by lsn, deletes as tombstones) and checks the table
+against a plain-Python replay of every change event the topic holds. It exits 1 if they differ.
 """
 
 from __future__ import annotations
@@ -211,6 +217,69 @@ def chain() -> int:
     return 0 if match else 1
 
 
+def cdc(bootstrap: str) -> int:
+    """``make demo-cdc``: Debezium-shaped change events of a customers table into the topic
+    ``customers_cdc``, the ``customers_cdc`` pipeline (SQL flattening, an upsert sink by id and
+    lsn) drained, its table checked against a plain-Python replay of everything the topic holds."""
+    from include.generators.cdc import change_events, live, out_of_order, parse, produce, replay, table_state
+    from include.generators.ysb import consume
+    from sluice.spec import get_spec
+    from sluice.store import EpochStore
+
+    spec = get_spec("customers_cdc")
+    topic = spec.source.topic
+    # Each run's log sequence numbers follow the earlier runs' (microseconds since the epoch).
+    messages = change_events(int(time.time()) % 10_000, customers=40, changes=300, start_lsn=time.time_ns() // 1000,
+                             start_ms=int(time.time() * 1000), malformed=2)
+    ops = Counter(e["op"] for e in parse(v for _, v in messages))
+    step(f"producing {len(messages)} change events of customers to the Kafka topic {topic} on {bootstrap}: "
+         f"{dict(ops)} (r snapshot, c insert, u update, d delete), {out_of_order(messages)} of them after a "
+         f"newer change of their key, {sum(v is None for _, v in messages)} Kafka tombstones (no value) after "
+         "the deletes, 2 malformed")
+    produce(bootstrap, topic, messages)
+    bag = dag_bag()
+    if bag is None:
+        return 1
+    store = EpochStore()
+    if not drain(bag, spec.name, "chunks", store):
+        return 1
+
+    step("reading the customers table back from Delta")
+    from sluice.spark import get_session
+
+    spark = get_session("sluice-demo")
+    spark.sparkContext.setLogLevel("ERROR")
+    table = spec.sinks[0].path
+    rows = [r.asDict() for r in spark.read.format("delta").load(table).orderBy("id").collect()]
+    rejected = spark.read.format("delta").load(spec.rejected_table).count() if Path(spec.rejected_table).exists() else 0
+    spark.stop()
+    current = [r for r in rows if not r["_deleted"]]
+    print(f"{len(current)} customers, {len(rows) - len(current)} deleted (tombstones, _deleted true); "
+          f"{rejected} malformed messages in {spec.rejected_table}")
+    print(f"{'id':>4} {'name':<14} {'email':<28} {'tier':<9} {'op':<2} {'lsn':>17}")
+    for r in current[:12]:
+        print(f"{r['id']:>4} {r['name']:<14} {r['email'] or '-':<28} {r['tier']:<9} {r['op']:<2} {r['lsn']:>17}")
+    print(f"... ({len(current) - 12} more)" if len(current) > 12 else "")
+    events = parse(v for _, _, v in consume(bootstrap, topic))  # the oracle's input: the whole topic
+    expected = replay(events)
+    try:
+        got = table_state(rows)
+    except ValueError as e:
+        print(f"the table holds a key twice: {e}")
+        got = {}
+    match = got == expected and live(got) == live(expected)
+    print(f"matches the oracle (the topic's {len(events)} change events replayed in lsn order): "
+          f"{'yes' if match else 'NO'}")
+    if not match:
+        wrong = [(k, got.get(k), v) for k, v in expected.items() if got.get(k) != v]
+        print(f"{len(wrong)} keys differ (table, oracle), e.g. {wrong[:3]}; "
+              f"unexpected keys {sorted(got.keys() - expected.keys())[:5]}")
+    summary = store.summary(spec.name)
+    print(f"{spec.name}: {summary['epochs']} epochs in {summary['groups']} groups, states {summary['by_state']}")
+    print(f"\ntopic: {topic} on {bootstrap}\ntable: {table}")
+    return 0 if match else 1
+
+
 def run(demo: Input) -> int:
     from sluice.spec import get_spec
     from sluice.store import EpochStore
@@ -270,15 +339,18 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--kafka", metavar="HOST:PORT", help="the Kafka demo (ysb_kafka), its broker here")
     parser.add_argument("--chain", action="store_true", help="ysb_clean, then ysb_campaign_hourly on its table")
+    parser.add_argument("--cdc", metavar="HOST:PORT",
+                        help="change events (Debezium-shaped) into an upsert sink (customers_cdc), the broker here")
     args = parser.parse_args(argv)
     if args.chain:
         return chain()
-    if not args.kafka:
+    if not args.kafka and not args.cdc:
         return run(file_input())
+    bootstrap = args.cdc or args.kafka
     # The spec reads its brokers from this variable; the DAG's tasks and spark-submit inherit it.
-    os.environ["SLUICE_KAFKA_BOOTSTRAP"] = args.kafka
-    with kafka_broker(args.kafka):
-        return run(kafka_input(args.kafka))
+    os.environ["SLUICE_KAFKA_BOOTSTRAP"] = bootstrap
+    with kafka_broker(bootstrap):
+        return cdc(bootstrap) if args.cdc else run(kafka_input(bootstrap))
 
 
 if __name__ == "__main__":

@@ -107,9 +107,9 @@ LONGEST_FIRST = ("tests/acceptance/test_readme_path.py", "tests/integration/test
 
 def pytest_collection_modifyitems(config, items):
     """Longest files first (``LONGEST_FIRST``). ``@pytest.mark.postgres_variant``: the test's
-    Postgres run (``store_backend``) moves to ``make test-all``; CI keeps its SQLite run (a crash
-    point whose store steps are the same SQL on both; the contended, fencing and take-over cases
-    stay on both stores)."""
+    Postgres run (``store_backend``) moves to ``make test-all``; CI keeps its SQLite run (the
+    store steps are the same SQL on both). Postgres's contended, fencing and take-over cases stay
+    in CI in the store's own Postgres tests and the simulation on a real server."""
     rank = {path: i for i, path in enumerate(LONGEST_FIRST)}
     items.sort(key=lambda item: rank.get(item.nodeid.split("::", 1)[0], len(rank)))  # stable: the rest as collected
     for item in items:

@@ -5,7 +5,9 @@
    ``var/jars/kafka-broker`` with Maven, once.
 2. ``start`` writes ``server.properties`` into a data folder, formats it
    (``kafka.tools.StorageTool format --standalone``) and starts ``kafka.Kafka``; it returns once
-   the broker answers a metadata request.
+   the broker answers a metadata request. Besides its PLAINTEXT listener it can open, in the same
+   JVM, a SASL_PLAINTEXT listener (mechanism PLAIN, ``sasl_users``) and an SSL listener
+   (``tls``: a CA and the broker's keystore from ``make_tls``, self-signed with ``openssl``).
 
 ``python -m include.kafka.broker`` (``make kafka``) runs one in the foreground on
 127.0.0.1:9092 with its data under ``var/kafka``; the tests start their own on free ports.
@@ -67,15 +69,65 @@ def fetch_jars() -> Path:
     return lib
 
 
+@dataclass(frozen=True)
+class Tls:
+    """A test CA (``ca_pem``, PEM: what clients trust) and the broker's PKCS12 keystore, its
+    certificate signed by that CA for 127.0.0.1 and localhost."""
+
+    ca_pem: Path
+    keystore: Path
+    password: str
+
+
+def make_tls(folder: Path, days: int = 2) -> Tls:
+    """A throw-away CA and a broker certificate for 127.0.0.1/localhost under ``folder``, with
+    ``openssl`` (~0.3 s; keytool would start a JVM per step)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    password = uuid.uuid4().hex
+    ca_key, ca_pem = folder / "ca.key", folder / "ca.pem"
+    key, csr, cert = folder / "broker.key", folder / "broker.csr", folder / "broker.pem"
+    ext = folder / "broker.ext"
+    ext.write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=serverAuth\n")
+    keystore = folder / "broker.p12"
+    for cmd in (
+        ["req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", ca_key, "-out", ca_pem, "-days", days,
+         "-subj", "/CN=sluice test CA", "-addext", "basicConstraints=critical,CA:TRUE",
+         "-addext", "keyUsage=critical,keyCertSign,cRLSign"],
+        ["req", "-newkey", "rsa:2048", "-nodes", "-keyout", key, "-out", csr, "-subj", "/CN=localhost"],
+        ["x509", "-req", "-in", csr, "-CA", ca_pem, "-CAkey", ca_key, "-CAcreateserial", "-out", cert,
+         "-days", days, "-extfile", ext],
+        ["pkcs12", "-export", "-in", cert, "-inkey", key, "-certfile", ca_pem, "-name", "broker", "-out", keystore,
+         "-passout", f"pass:{password}"],
+    ):
+        done = subprocess.run(["openssl", *map(str, cmd)], capture_output=True, text=True)
+        if done.returncode:
+            raise RuntimeError(f"openssl {cmd[0]} failed:\n{done.stderr[-2000:]}")
+    return Tls(ca_pem=ca_pem, keystore=keystore, password=password)
+
+
 @dataclass
 class Broker:
     root: Path
     port: int
     proc: subprocess.Popen[bytes]
+    sasl_port: int | None = None
+    ssl_port: int | None = None
 
     @property
     def bootstrap(self) -> str:
         return f"127.0.0.1:{self.port}"
+
+    @property
+    def sasl_bootstrap(self) -> str:
+        """The SASL_PLAINTEXT listener (mechanism PLAIN), when started with ``sasl_users``."""
+        assert self.sasl_port is not None, "the broker was started without sasl_users"
+        return f"127.0.0.1:{self.sasl_port}"
+
+    @property
+    def ssl_bootstrap(self) -> str:
+        """The SSL listener, when started with ``tls``."""
+        assert self.ssl_port is not None, "the broker was started without tls"
+        return f"127.0.0.1:{self.ssl_port}"
 
     def log_tail(self, lines: int = 60) -> str:
         log = self.root / "broker.log"
@@ -95,21 +147,46 @@ def _java(lib: Path, main: str, *args: str, options: tuple[str, ...] = ()) -> li
     return ["java", *JAVA_OPTIONS, *options, "-cp", f"{lib}/*", main, *args]
 
 
-def start(root: Path, port: int | None = None, timeout: float = 120) -> Broker:
-    """Format ``root`` (unless a broker ran there before) and start a broker on it."""
+def _jaas_quote(text: str) -> str:
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def start(root: Path, port: int | None = None, timeout: float = 120, *, sasl_users: dict[str, str] | None = None,
+          tls: Tls | None = None) -> Broker:
+    """Format ``root`` (unless a broker ran there before) and start a broker on it: a PLAINTEXT
+    listener on ``port``, and on free ports a SASL_PLAINTEXT one (mechanism PLAIN) for
+    ``sasl_users`` (username -> password) and an SSL one with ``tls``'s keystore. Brokers talk
+    to each other (and the controller) over PLAINTEXT."""
     lib = fetch_jars()
     root.mkdir(parents=True, exist_ok=True)
     port = port or free_port()
     controller = free_port()
+    listeners = {"PLAINTEXT": port}
+    security: list[str] = []
+    if sasl_users:
+        listeners["SASL_PLAINTEXT"] = free_port()
+        admin = next(iter(sasl_users))
+        jaas = " ".join(["org.apache.kafka.common.security.plain.PlainLoginModule required",
+                         f"username={_jaas_quote(admin)} password={_jaas_quote(sasl_users[admin])}",
+                         *(f"user_{user}={_jaas_quote(password)}" for user, password in sasl_users.items())]) + ";"
+        security += ["sasl.enabled.mechanisms=PLAIN", f"listener.name.sasl_plaintext.plain.sasl.jaas.config={jaas}"]
+    if tls is not None:
+        listeners["SSL"] = free_port()
+        security += [f"ssl.keystore.location={tls.keystore}", "ssl.keystore.type=PKCS12",
+                     f"ssl.keystore.password={tls.password}", f"ssl.key.password={tls.password}",
+                     "ssl.client.auth=none"]
+    advertised = ",".join(f"{name}://127.0.0.1:{p}" for name, p in listeners.items())
     props = root / "server.properties"
     props.write_text("\n".join([
         "process.roles=broker,controller",
         "node.id=1",
         f"controller.quorum.bootstrap.servers=127.0.0.1:{controller}",
-        f"listeners=PLAINTEXT://127.0.0.1:{port},CONTROLLER://127.0.0.1:{controller}",
-        f"advertised.listeners=PLAINTEXT://127.0.0.1:{port}",
+        f"listeners={advertised},CONTROLLER://127.0.0.1:{controller}",
+        f"advertised.listeners={advertised}",
         "controller.listener.names=CONTROLLER",
-        "listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT",
+        "inter.broker.listener.name=PLAINTEXT",
+        "listener.security.protocol.map=" + ",".join(["CONTROLLER:PLAINTEXT", *(f"{n}:{n}" for n in listeners)]),
+        *security,
         f"log.dirs={root / 'data'}",
         "num.partitions=1",
         "offsets.topic.replication.factor=1",
@@ -134,7 +211,8 @@ def start(root: Path, port: int | None = None, timeout: float = 120) -> Broker:
             _java(lib, "kafka.Kafka", str(props),
                   options=(f"-Dlog4j2.configurationFile=file:{root / 'log4j2.properties'}",)),
             stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
-    broker = Broker(root=root, port=port, proc=proc)
+    broker = Broker(root=root, port=port, proc=proc, sasl_port=listeners.get("SASL_PLAINTEXT"),
+                    ssl_port=listeners.get("SSL"))
     _wait_ready(broker, timeout)
     return broker
 

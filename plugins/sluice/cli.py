@@ -68,7 +68,7 @@ def run_group(args: argparse.Namespace) -> Any:
     from sluice.logs import configure_job
     from sluice.protocol.run import PipelineRun, cli_owner
     from sluice.protocol.runtime import Runtime
-    from sluice.spark import get_session
+    from sluice.spark import get_session, group_compiler
     from sluice.spec import get_spec
 
     if (args.group is None) == (not args.plan):
@@ -78,7 +78,9 @@ def run_group(args: argparse.Namespace) -> Any:
     store = _store(args)
 
     def spark() -> SparkSession:
-        return get_session(f"sluice-{spec.name}", extra_conf=spec.spark.conf)
+        # The JVM starts after planning, so its compiler fits the group it runs (sluice.control.jit).
+        return get_session(f"sluice-{spec.name}", extra_conf=spec.spark.conf,
+                           compiler=group_compiler(spec, store, None if args.plan else args.group))
 
     # Spark starts once a group is planned: a busy or idle pipeline is reported before a JVM starts.
     run = PipelineRun(spec, store, args.owner or cli_owner(), Runtime.spark(spark))

@@ -1,8 +1,9 @@
-"""The data plane of a group: read exactly its ranges, split off rejected records, transform,
-validate each epoch's output; everything that happens before the first commit, and nothing of
-the protocol. ``Compute`` is what the protocol's group job (``sluice.protocol.group``) asks of it;
-``SparkCompute`` does it in a SparkSession, and the simulation's twin (``sluice.sim.compute``)
-in plain Python over the same landed files.
+"""The data plane of a group: read exactly its ranges, split off rejected records, drop the
+records ``dedup`` has seen (``sluice.dedup``), transform, validate each epoch's output;
+everything that happens before the first commit, and nothing of the protocol. ``Compute`` is
+what the protocol's group job (``sluice.protocol.group``) asks of it; ``SparkCompute`` does it
+in a SparkSession, and the simulation's twin (``sluice.sim.compute``) in plain Python over the
+same landed files.
 """
 
 from __future__ import annotations
@@ -51,6 +52,8 @@ class Prepared:
     timings: dict[str, float]
     n_input: dict[int, int] = field(default_factory=dict)
     n_rejected: dict[int, int] = field(default_factory=dict)
+    n_deduplicated: dict[int, int] = field(default_factory=dict)  # valid records dropped by ``dedup``
+    dedup_state: Any = None  # the seen keys the group changes (``sluice.dedup``): the _dedup MERGE's source
     rejected: Any = None
     quarantined: Any = None
     outputs: dict[str, Any] = field(default_factory=dict)
@@ -273,6 +276,10 @@ class SparkCompute(Compute):
         outputs = self._outputs(valid)
         for sink in self.spec.sinks:
             frames[sink.name] = outputs[sink.name]
+        if self.spec.dedup is not None:
+            from sluice.dedup import DEDUP, empty_state
+
+            frames[DEDUP] = empty_state(self.spark, self.spec)
         frames[QUARANTINE] = self.spark.createDataFrame(
             [], "pipeline string, sink string, epoch int, generation int, range_start long, range_end long, "
                 "expectations array<string>, record string")
@@ -287,6 +294,8 @@ class SparkCompute(Compute):
         if self.tables is None or is_connect(self.spark):
             return
         paths = {REJECTED: self.spec.rejected_table, **{s.name: s.path for s in self.spec.sinks}}
+        if self.spec.dedup_table is not None:
+            paths["_dedup"] = self.spec.dedup_table
 
         def run(path: str) -> None:
             self.spark.sparkContext.setLocalProperty("spark.scheduler.pool", f"sluice_w{MAX_POOL_WEIGHT}")
@@ -318,12 +327,23 @@ class SparkCompute(Compute):
         try:
             tagged = tag_rejected(records, self.spec)
             valid, rejected = split_rejected(records, self.spec, epochs[0].generation, tagged=tagged)
+            kept = None
+            if self.spec.dedup is not None:  # the valid records whose key was not seen within the horizon
+                kept = self._deduplicate(tagged, valid.columns, prepared)
+                valid = kept.drop("_epoch")
             outputs = self._outputs(valid)
-            self._warm(prepared, {REJECTED: rejected, **outputs})
+            self._warm(prepared, {REJECTED: rejected, **outputs, **({"_dedup": None} if kept is not None else {})})
             # One job reads the ranges into the cache and counts input and rejected records per epoch.
             counts = tagged.groupBy("_epoch").agg(F.count(F.lit(1)).alias("n"), F.count("_reason").alias("r"))
             for row in counts.collect():
                 prepared.n_input[int(row["_epoch"])], prepared.n_rejected[int(row["_epoch"])] = row["n"], row["r"]
+            if kept is not None:
+                from sluice.dedup import kept_per_epoch
+
+                held = kept_per_epoch(prepared.cached[-1])
+                prepared.n_deduplicated = {e.epoch_id: prepared.n_input.get(e.epoch_id, 0)
+                                           - prepared.n_rejected.get(e.epoch_id, 0) - held.get(e.epoch_id, 0)
+                                           for e in epochs}
             timings["read_s"] = round(time.monotonic() - t0, 3)
             if not self.suites:
                 prepared.rejected, prepared.outputs, prepared.committing = rejected, outputs, list(epochs)
@@ -331,8 +351,11 @@ class SparkCompute(Compute):
             per_sink: dict[str, list[DataFrame]] = {}
             quarantined: list[DataFrame] = []
             for epoch in epochs:
-                valid, _ = split_rejected(records.where(F.col("_epoch") == epoch.epoch_id), self.spec,
-                                          epoch.generation, epoch.epoch_id)
+                if kept is not None:
+                    valid = kept.where(F.col("_epoch") == epoch.epoch_id).drop("_epoch")
+                else:
+                    valid, _ = split_rejected(records.where(F.col("_epoch") == epoch.epoch_id), self.spec,
+                                              epoch.generation, epoch.epoch_id)
                 outputs = self._outputs(valid)
                 results = self._validate(epoch, outputs, quarantined, timings)
                 prepared.results[epoch.epoch_id] = results
@@ -344,6 +367,11 @@ class SparkCompute(Compute):
                 prepared.committing.append(epoch)
             written = [e.epoch_id for e in prepared.committing]
             prepared.rejected = rejected.where(F.col("epoch").isin(written))
+            if prepared.dedup_state is not None and prepared.failed is not None:
+                # The seen keys of the epochs written only: the failed epoch is read again next time.
+                from sluice.dedup import new_state
+
+                prepared.dedup_state = new_state(prepared.cached[-1], self.spec, written)
             prepared.outputs = {name: reduce(lambda a, b: a.unionByName(b), frames)
                                 for name, frames in per_sink.items()}
             if quarantined:
@@ -352,6 +380,29 @@ class SparkCompute(Compute):
             prepared.release()
             raise
         return prepared
+
+    def _deduplicate(self, tagged: DataFrame, carry: list[str], prepared: Prepared) -> DataFrame:
+        """``dedup`` on the group's valid records (``sluice.dedup``), from the seen-keys table at
+        its current version (pinned: the group's own MERGE must not change what it read): the
+        kept records (``carry`` and ``_epoch``); the seen keys to MERGE go to ``prepared``."""
+        from pyspark.sql import functions as F
+
+        from sluice.dedup import empty_state, kept_records, new_state, spark_dedup
+
+        path = self.spec.dedup_table
+        tables = self.tables
+        if tables is None:
+            from sluice.delta.spark import SparkTables
+
+            tables = SparkTables(self.spark)
+        version = tables.version(path) if path else None
+        state = (empty_state(self.spark, self.spec) if version is None
+                 else self.spark.read.format("delta").option("versionAsOf", version).load(path))
+        valid = tagged.where(F.col("_reason").isNull())
+        folded = spark_dedup(valid, state, self.spec, [*carry, "_epoch"]).persist()
+        prepared.cached.append(folded)
+        prepared.dedup_state = new_state(folded, self.spec)
+        return kept_records(folded, [*carry, "_epoch"])
 
     def _validate(self, epoch: Epoch, outputs: dict[str, DataFrame], quarantined: list[DataFrame],
                   timings: dict[str, float]) -> dict[str, validation.SinkValidation]:
@@ -386,6 +437,9 @@ class SparkCompute(Compute):
             sc = None if is_connect(self.spark) else getattr(self.spark, "sparkContext", None)
             if sc is not None:  # classic Spark: this thread's jobs go to the epoch's FAIR pool
                 sc.setLocalProperty("spark.scheduler.pool", f"sluice_w{min(weight, MAX_POOL_WEIGHT)}")
+        if self.spec.dedup is not None:
+            raise SluiceError(f"pipeline {self.spec.name!r}: dedup needs commit: group (an epoch alone does not "
+                              "read the seen keys)")
         timings: dict[str, float] = {}
         t0 = time.monotonic()
         if not materialize:  # concurrent epochs' jobs run in pool threads: not measured

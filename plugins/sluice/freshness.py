@@ -1,13 +1,14 @@
 """How fresh a pipeline's output is: the age of its oldest data not yet published (in an
 unpublished epoch, or still in the backlog), against ``control.freshness_sla_s``. The control
-API shows it; ``FreshnessTrigger`` turns a breach, and the recovery, into Airflow alerts."""
+API shows it; ``FreshnessTrigger`` turns a breach, and the recovery, into Airflow alerts. The
+console's card shows ``staleness``: the age of the last publish against the same SLA."""
 
 from __future__ import annotations
 
 import statistics
 import time
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from sluice import protocol
@@ -53,6 +54,53 @@ def measure(spec: PipelineSpec, store: EpochStore, backlog: Backlog, now: float 
         oldest.append(now - backlog.oldest_age_s)
     age = max(0.0, now - min(oldest)) if oldest else None
     return Freshness(spec.name, age, spec.control.freshness_sla_s)
+
+
+@dataclass(frozen=True)
+class Staleness:
+    """How long the output has gone unchanged: the age of the last publish against the SLA
+    (what the console's freshness card shows). Stale when the last publish is older than the
+    SLA; before any publish, when data has waited longer than the SLA (``waiting_s``: the age of
+    the oldest data not yet published, ``Freshness.age_s``; None when nothing waits)."""
+
+    sla_s: float
+    last_publish: float | None  # epoch seconds of the newest publish of the current generation
+    age_s: float | None  # now - last_publish
+    waiting_s: float | None
+
+    @property
+    def stale(self) -> bool:
+        if self.age_s is not None:
+            return self.age_s > self.sla_s
+        return self.waiting_s is not None and self.waiting_s > self.sla_s
+
+    def explanation(self) -> str:
+        waiting = ("nothing waits to be published" if self.waiting_s is None
+                   else f"the oldest data not yet published is {self.waiting_s:.0f} s old")
+        if self.age_s is None:
+            return f"nothing published yet; {waiting}"
+        verdict = "more" if self.stale else "not more"
+        return (f"last publish {self.age_s:.0f} s ago, {verdict} than the {self.sla_s:g} s SLA; {waiting}")
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"last_publish_at": None if self.last_publish is None else
+                datetime.fromtimestamp(self.last_publish, UTC).isoformat().replace("+00:00", "Z"),
+                "last_publish_age_s": None if self.age_s is None else round(self.age_s, 1),
+                "waiting_s": None if self.waiting_s is None else round(self.waiting_s, 1),
+                "stale": self.stale, "explanation": self.explanation()}
+
+
+def last_publish(epochs: list[Epoch]) -> float | None:
+    """When the newest of ``epochs`` was published (epoch seconds; the store's times are naive UTC)."""
+    times = [e.published_at for e in epochs if e.published_at is not None]
+    return max(times).replace(tzinfo=UTC).timestamp() if times else None
+
+
+def staleness(sla_s: float, epochs: list[Epoch], waiting_s: float | None, now: float | None = None) -> Staleness:
+    """``epochs``: the current generation's; ``waiting_s``: ``measure(...).age_s``."""
+    now = time.time() if now is None else now
+    last = last_publish(epochs)
+    return Staleness(sla_s, last, None if last is None else max(0.0, now - last), waiting_s)
 
 
 #: How many of the last groups the floor takes the median wall of: recent enough to follow a

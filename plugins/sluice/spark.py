@@ -30,6 +30,9 @@ from sluice.paths import JOBS_DIR, jars_dir, transforms_dir
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
+    from sluice.spec import PipelineSpec
+    from sluice.store import EpochStore
+
 log = logging.getLogger("sluice.spark")
 
 REMOTE_ENV = "SLUICE_SPARK_REMOTE"  # sc://host:port of a warm Spark Connect server
@@ -115,26 +118,52 @@ def fetch_spark_jars() -> list[str]:
 #: minutes, a 3 GB file) filled it, the JVM disabled its compiler and ran interpreted from then
 #: on, so the cache is sized as with C2 (reserved address space; committed only as code is made).
 RUN_ONCE_JAVA_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:ReservedCodeCacheSize=240m -XX:+UseSerialGC"
+#: The same for a group large enough that C2 pays back (``sluice.control.jit``): the JVM's
+#: tiered default, the same code cache and collector (the class-data archive stays valid).
+RUN_ONCE_C2_JAVA_OPTIONS = "-XX:ReservedCodeCacheSize=240m -XX:+UseSerialGC"
 
 
-def run_once_java_options() -> str:
-    """``RUN_ONCE_JAVA_OPTIONS``, plus the class-data archive ``make setup`` built for them
-    (``sluice.jvm_archive``), when there is one."""
+def run_once_java_options(compiler: str = "c1") -> str:
+    """``RUN_ONCE_JAVA_OPTIONS`` (``compiler="c2"``: ``RUN_ONCE_C2_JAVA_OPTIONS``), plus the
+    class-data archive ``make setup`` built for them (``sluice.jvm_archive``), when there is one."""
     from sluice.jvm_archive import archive_options
 
-    return f"{RUN_ONCE_JAVA_OPTIONS} {archive_options()}".strip()
+    options = RUN_ONCE_C2_JAVA_OPTIONS if compiler == "c2" else RUN_ONCE_JAVA_OPTIONS
+    return f"{options} {archive_options()}".strip()
 
 
-def spark_conf(extra: dict[str, str] | None = None, run_once: bool = True) -> dict[str, str]:
+def group_compiler(spec: PipelineSpec, store: EpochStore, group_id: int | str | None = None) -> str:
+    """The compiler a run-once driver of ``group_id`` (``None``: the pipeline's latest group, the
+    one ``--plan`` just planned) gets: ``sluice.control.jit.compiler_for`` its records. Any doubt
+    (no group, a store error) keeps C1, the cheaper side of every small group."""
+    from sluice.control import jit
+    from sluice.sources import source_for
+
+    try:
+        groups = store.groups(spec.name) if group_id in (None, "", "None") else [store.group(spec.name, int(group_id))]
+        if not groups or not groups[-1].epochs:
+            return "c1"
+        records = source_for(spec, store).group_records(groups[-1])
+    except Exception as exc:  # the choice is an optimisation: it never fails a group
+        log.warning("pipeline %s: the group's size is unknown (%s); its driver runs C1", spec.name, exc)
+        return "c1"
+    compiler = jit.compiler_for(records, jit.C2_BREAK_EVEN_RECORDS)
+    log.info("pipeline %s: group %s of about %s records: the driver runs %s", spec.name, groups[-1].group_id,
+             records if records is not None else "an unknown number of", compiler.upper())
+    return compiler
+
+
+def spark_conf(extra: dict[str, str] | None = None, run_once: bool = True, compiler: str = "c1") -> dict[str, str]:
     """The Spark settings sluice uses, for a builder or for ``spark-submit --conf``.
 
     FAIR scheduling with the pools of ``sluice/jobs/fairscheduler.xml``: concurrent epochs of a group
     share the cores by weight (older first); sequential jobs behave as under FIFO.
-    ``run_once``: a driver that ends with its group (``run_once_java_options``), not a server.
+    ``run_once``: a driver that ends with its group (``run_once_java_options`` for ``compiler``),
+    not a server.
     """
     conf = dict(BASE_CONF)
     if run_once:
-        conf["spark.driver.extraJavaOptions"] = run_once_java_options()
+        conf["spark.driver.extraJavaOptions"] = run_once_java_options(compiler)
     conf["spark.scheduler.mode"] = "FAIR"
     conf["spark.scheduler.allocation.file"] = str(JOBS_DIR / "fairscheduler.xml")
     conf.update(extra or {})
@@ -334,12 +363,13 @@ def _remote_session(url: str, app_name: str, extra_conf: dict[str, str] | None) 
 
 
 def get_session(app_name: str = "sluice", master: str | None = None,
-                extra_conf: dict[str, str] | None = None) -> SparkSession:
+                extra_conf: dict[str, str] | None = None, compiler: str = "c1") -> SparkSession:
     """Return the active SparkSession, or start one with Delta on the classpath.
 
     Under ``spark-submit`` the master and jars come from the command line
     (``launched_by_spark_submit``); in-process (tests, the demo, ``@task``) a ``local[*]`` session is built,
     or, with ``$SLUICE_SPARK_REMOTE`` set, a client session on that Spark Connect server.
+    ``compiler``: the JIT of the driver this starts (``group_compiler``), when it starts one.
     """
     from pyspark.sql import SparkSession
 
@@ -353,7 +383,7 @@ def get_session(app_name: str = "sluice", master: str | None = None,
     builder = SparkSession.builder.appName(app_name)
     if not submitted and "spark.master" not in (extra_conf or {}):
         builder = builder.master(master or os.environ.get("SLUICE_SPARK_MASTER", "local[*]"))
-    conf = spark_conf(extra_conf)
+    conf = spark_conf(extra_conf, compiler=compiler)
     conf.setdefault("spark.jars", ",".join(spark_jars()))
     for key, value in conf.items():
         builder = builder.config(key, value)

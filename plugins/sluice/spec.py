@@ -92,8 +92,59 @@ class SourceSpec(_RecordsSpec):
                                "being written is read once, whole; 0: at once (files always renamed into place)")
 
 
+#: Settings only Spark's Java Kafka client knows (librdkafka refuses them): not in
+#: ``source.options`` or ``source.discovery_options``. Exact names, then prefixes.
+KAFKA_JAVA_ONLY = frozenset({
+    "sasl.jaas.config", "sasl.client.callback.handler.class", "sasl.login.class", "ssl.keystore.type",
+    "ssl.keystore.key", "ssl.keystore.certificate.chain", "ssl.protocol", "ssl.enabled.protocols",
+    "ssl.keymanager.algorithm", "ssl.trustmanager.algorithm", "ssl.provider", "ssl.engine.factory.class",
+    "ssl.secure.random.implementation", "security.providers", "key.deserializer", "value.deserializer",
+    "interceptor.classes"})
+KAFKA_JAVA_ONLY_PREFIXES = ("ssl.truststore.", "sasl.login.", "sasl.oauthbearer.jwks.")
+#: Settings only librdkafka (sluice's discovery client) knows: not in ``source.spark_options``;
+#: in ``source.options`` they go to librdkafka alone.
+KAFKA_LIBRDKAFKA_ONLY = frozenset({
+    "ssl.ca.location", "ssl.ca.pem", "ssl.ca.certificate.stores", "ssl.certificate.location",
+    "ssl.certificate.pem", "ssl.key.location", "ssl.key.pem", "ssl.crl.location", "ssl.engine.location",
+    "ssl.engine.id", "ssl.sigalgs.list", "ssl.curves.list", "sasl.mechanisms", "sasl.username", "sasl.password",
+    "enable.ssl.certificate.verification", "debug", "log_level", "socket.timeout.ms", "api.version.request",
+    "broker.version.fallback", "sasl.kerberos.kinit.cmd", "sasl.kerberos.keytab", "sasl.kerberos.principal",
+    "sasl.oauthbearer.config", "enable.sasl.oauthbearer.unsecure.jwt"})
+#: Settings that hold a secret themselves (whatever their value): from ``source.connection``.
+KAFKA_SECRET_KEYS = frozenset({"ssl.key.pem", "ssl.keystore.key", "ssl.keystore.certificate.chain"})
+_SECRET_WORD = re.compile(r"(?i)password|secret")
+
+
+def kafka_java_only(key: str) -> bool:
+    return key in KAFKA_JAVA_ONLY or key.startswith(KAFKA_JAVA_ONLY_PREFIXES)
+
+
+def kafka_option_problem(key: str, value: str, field: str) -> str | None:
+    """What is wrong with Kafka client setting ``key`` in ``source.<field>`` (``options``: both
+    clients, ``discovery_options``: librdkafka, ``spark_options``: Spark's Java client), or
+    ``None``. Never quotes the value: it may be a secret."""
+    if _SECRET_WORD.search(key) or key in KAFKA_SECRET_KEYS or (
+            key in ("sasl.jaas.config", "sasl.oauthbearer.config") and _SECRET_WORD.search(value)):
+        return (f"{key!r} holds a secret (a password, key or token); a spec is no place for it (it is read by "
+                "every task, shown in the UI and kept in git): put it in the Airflow connection named by "
+                "source.connection (login, password and extra)")
+    if key.startswith("kafka."):
+        return f"{key!r}: name the client setting without the kafka. prefix (sluice adds it for Spark)"
+    if field == "spark_options" and key in KAFKA_LIBRDKAFKA_ONLY:
+        return (f"{key!r} is a librdkafka setting Spark's Java client does not know: put it in "
+                "source.discovery_options (or use the Java client's own setting)")
+    if field != "spark_options" and kafka_java_only(key):
+        return (f"{key!r} is a setting of Spark's Java Kafka client only (librdkafka, sluice's discovery "
+                "client, refuses it): put it in source.spark_options")
+    return None
+
+
 class KafkaSourceSpec(_RecordsSpec):
-    """A Kafka topic of JSON records (one per message value)."""
+    """A Kafka topic of JSON records (one per message value). Two clients talk to the brokers:
+    sluice's own (librdkafka, through confluent-kafka: discovery, backlog, retention checks) and
+    Spark's Java client (reading the records). `options` go to both, `discovery_options` to the
+    first, `spark_options` to the second; credentials come from the Airflow connection named by
+    `connection`, never from the spec."""
 
     type: Literal["kafka"] = Field(description="kafka: a Kafka topic")
     bootstrap_servers: str = Field(description="host:port[,host:port...] of the brokers")
@@ -107,9 +158,50 @@ class KafkaSourceSpec(_RecordsSpec):
         True, description="records deleted by retention before sluice registered them stop the pipeline with an "
                           "error naming the partition and offsets; false: log it and go on from the earliest "
                           "offset still held")
-    options: dict[str, str] = Field(default_factory=dict,
-                                    description="more Kafka client settings (security.protocol, sasl.*, ...) for "
-                                                "sluice's own client and, prefixed with kafka., Spark's")
+    connection: str | None = Field(
+        None, pattern=r"^[A-Za-z0-9_.-]{1,250}$",
+        description="an Airflow connection (its id) holding the brokers' credentials: login and password are the "
+                    "SASL username and password; extra may set security_protocol (default SASL_SSL or "
+                    "SASL_PLAINTEXT with a login, SSL or PLAINTEXT without, by whether a CA or truststore is "
+                    "set), sasl_mechanism (PLAIN, SCRAM-SHA-256, SCRAM-SHA-512; default PLAIN), ssl_ca_location "
+                    "(a PEM CA file, for both clients), ssl_truststore_location, ssl_truststore_type and "
+                    "ssl_truststore_password (Spark's client), ssl_check_hostname (default true). sluice turns "
+                    "them into both clients' settings (over options on a clash). Each task and the Spark job "
+                    "resolve it at run time (outside Airflow: the AIRFLOW_CONN_<ID> environment variable); the "
+                    "secrets are masked in task logs and never written to errors, XCom or the epoch store")
+    options: dict[str, str] = Field(
+        default_factory=dict,
+        description="Kafka client settings for both clients (security.protocol, sasl.mechanism, ...): as is for "
+                    "sluice's discovery client (librdkafka), prefixed with kafka. for Spark's; a setting only "
+                    "librdkafka knows (ssl.ca.location, debug, ...) goes to it alone, one only the Java client "
+                    "knows (sasl.jaas.config, ssl.truststore.*) is an error (use spark_options). No secrets "
+                    "(passwords, keys, a jaas config with a password): see connection")
+    discovery_options: dict[str, str] = Field(
+        default_factory=dict,
+        description="librdkafka settings for sluice's discovery client alone (over options), e.g. "
+                    "ssl.ca.location, ssl.endpoint.identification.algorithm; a Java client setting is an error. "
+                    "No secrets")
+    spark_options: dict[str, str] = Field(
+        default_factory=dict,
+        description="Java client settings for Spark's reads alone (over options), without the kafka. prefix, "
+                    "e.g. ssl.truststore.location, ssl.truststore.type; a librdkafka-only setting is an error. "
+                    "No secrets")
+
+    @field_validator("options", "discovery_options", "spark_options")
+    @classmethod
+    def _client_settings(cls, value: dict[str, str], info: Any) -> dict[str, str]:
+        problems = [p for k, v in value.items() if (p := kafka_option_problem(k, str(v), info.field_name))]
+        if problems:
+            raise ValueError("; ".join(problems))
+        return value
+
+    def librdkafka_options(self) -> dict[str, str]:
+        """The spec's settings for sluice's discovery client (librdkafka)."""
+        return {**self.options, **self.discovery_options}
+
+    def java_options(self) -> dict[str, str]:
+        """The spec's settings for Spark's Java client, without the ``kafka.`` prefix."""
+        return {**{k: v for k, v in self.options.items() if k not in KAFKA_LIBRDKAFKA_ONLY}, **self.spark_options}
 
 
 class DeltaSourceSpec(_RecordsSpec):
@@ -329,6 +421,59 @@ class SparkSpec(_Strict):
                                                                    "over sluice's defaults")
 
 
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|m|h|d)?\s*$", re.IGNORECASE)
+_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+DEDUP_TIME_TYPES = ("timestamp", "long", "int", "integer")
+
+
+def parse_duration(value: Any) -> float:
+    """``"24h"`` -> 86400.0; ``"90s"``, ``"30m"``, ``"7d"``; a bare number is seconds."""
+    if isinstance(value, bool):
+        raise ValueError(f"{value!r} is not a duration")
+    if isinstance(value, int | float):
+        return float(value)
+    match = _DURATION.match(str(value))
+    if not match:
+        raise ValueError(f"{value!r} is not a duration (seconds, or a number with s, m, h or d: 90s, 30m, 24h, 7d)")
+    return float(match.group(1)) * _SECONDS[(match.group(2) or "s").lower()]
+
+
+class DedupSpec(_Strict):
+    """Drop a valid record whose key was kept before (across epochs, groups and runs), within
+    a horizon measured on the records' own time. The first occurrence in source order (epoch,
+    then file, then line) is kept; the seen keys are a Delta table of the pipeline (`_dedup`
+    beside `_rejected`), written in the group's commit and rolled back with the epochs. Needs
+    `commit: group`."""
+
+    keys: list[str] = Field(min_length=1, description="the schema fields that make a record's key; each must "
+                                                      "be in source.required")
+    within: float | None = Field(
+        None, description="the horizon (seconds, or 90s, 30m, 24h, 7d): a record is dropped when its key was kept "
+                          "with a `time` at most this far from its own, before or after; a key seen again "
+                          "further away is kept and its time becomes the key's seen time; null: a key is kept "
+                          "once, ever")
+    time: str | None = Field(
+        None, description="the schema field (timestamp, or long/int Unix seconds) the horizon is measured on: "
+                          "the record's own time, never the time it was processed, so a recompute after a "
+                          "rollback drops the same records; required with `within`, and in source.required")
+
+    @field_validator("within", mode="before")
+    @classmethod
+    def _duration(cls, value: Any) -> Any:
+        return None if value is None else parse_duration(value)
+
+    @model_validator(mode="after")
+    def _time_with_horizon(self) -> DedupSpec:
+        if self.within is not None and self.within <= 0:
+            raise ValueError(f"within: must be above zero (got {self.within:g} s)")
+        if self.within is not None and not self.time:
+            raise ValueError("within: a horizon needs `time`, the record field it is measured on (the record's "
+                             "own time, so that a recompute gives the same answer)")
+        if len(set(self.keys)) != len(self.keys):
+            raise ValueError(f"keys: {self.keys} name a field twice")
+        return self
+
+
 class PipelineSpec(_Strict):
     """One pipeline, one DAG: a source, a transform and Delta sinks."""
 
@@ -368,6 +513,8 @@ class PipelineSpec(_Strict):
     alerts: AlertsSpec = AlertsSpec()
     control: ControlSpec = ControlSpec()
     spark: SparkSpec = SparkSpec()
+    dedup: DedupSpec | None = Field(None, description="drop records whose key was seen before within a horizon "
+                                                      "(see the section); null: no deduplication")
     tags: list[str] = Field(default_factory=list, description="DAG tags, besides sluice")
     path: str = Field("", description="the YAML file this spec came from (set by the loader)")
 
@@ -407,6 +554,30 @@ class PipelineSpec(_Strict):
         if clash:
             raise ValueError(f"reference.{clash[0]}: the name `records` is the view of the epoch's records under a "
                              "SQL transform; rename the reference")
+        return self
+
+    @model_validator(mode="after")
+    def _dedup_fields(self) -> PipelineSpec:
+        dedup = self.dedup
+        if dedup is None:
+            return self
+        schema, required = self.source.schema_, set(self.source.required)
+        unknown = [k for k in dedup.keys if k not in schema]
+        if unknown:
+            raise ValueError(f"dedup.keys: {unknown} are not fields of source.schema ({sorted(schema)})")
+        if dedup.time is not None:
+            if dedup.time not in schema:
+                raise ValueError(f"dedup.time: {dedup.time!r} is not a field of source.schema ({sorted(schema)})")
+            if schema[dedup.time].lower() not in DEDUP_TIME_TYPES:
+                raise ValueError(f"dedup.time: field {dedup.time!r} is {schema[dedup.time]}; the horizon is measured "
+                                 "on a timestamp or a long/int of Unix seconds")
+        loose = [f for f in (*dedup.keys, *([dedup.time] if dedup.time else [])) if f not in required]
+        if loose:
+            raise ValueError(f"dedup: fields {loose} must be in source.required (a record without its key or time "
+                             "goes to _rejected rather than being deduplicated by a null)")
+        if self.commit != "group":
+            raise ValueError("dedup: needs commit: group (each group reads the seen keys as of the previous "
+                             "group's commit; commit: epoch, concurrent epochs in particular, is not supported)")
         return self
 
     @property
@@ -451,6 +622,11 @@ class PipelineSpec(_Strict):
     def quarantine_table(self) -> str:
         return self.quarantine_path or self._own_table("_quarantine")
 
+    @property
+    def dedup_table(self) -> str | None:
+        """The seen keys of ``dedup`` (``None`` without it): ``_dedup`` beside ``_rejected``'s default."""
+        return self._own_table("_dedup") if self.dedup is not None else None
+
     def _own_table(self, name: str) -> str:
         """A side table of this pipeline alone, beside its first sink: a rollback RESTOREs it,
         which would undo another pipeline's rows too. In the documented layout the sinks' folder
@@ -467,6 +643,8 @@ class PipelineSpec(_Strict):
             found.setdefault(self.quarantine_table, []).append(f"_quarantine_{sink.name}")  # before one commit
         found.setdefault(self.quarantine_table, []).append("_quarantine")
         found.setdefault(self.rejected_table, []).append("_rejected")
+        if self.dedup_table is not None:
+            found.setdefault(self.dedup_table, []).append("_dedup")
         return found
 
     def sink(self, name: str) -> SinkSpec:

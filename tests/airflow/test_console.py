@@ -3,7 +3,10 @@ by Selenium, logs into a real ``airflow standalone`` (its UI's login sets the se
 opens the "sluice epochs" tab of a pipeline that ran, reads the epoch table and the plots, and
 rolls the pipeline back through the page (preview, then confirmation). The ``sluice_rollback``
 run the page starts is executed by the real scheduler; the table then equals the oracle from
-the raw files. Screenshots go to ``var/screenshots/`` (the README shows them)."""
+the raw files. The cards, the plots and the tables are checked against ``/control``, ``/epochs``
+and the store (issue 38 item 7: each card reads one source of truth).
+Screenshots go to ``var/screenshots/``; ``docs/img/console.png`` (the README's) is a copy of
+``console-epochs.png``."""
 
 from __future__ import annotations
 
@@ -11,8 +14,10 @@ import json
 import secrets
 import shutil
 import statistics
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import UTC
 from pathlib import Path
 
 import httpx
@@ -148,9 +153,73 @@ def live_rows(driver) -> dict[int, dict[str, str]]:
     rows = {}
     for tr in driver.find_elements(By.CSS_SELECTOR, "table#epochs tr[data-live='true']"):
         cells = {c: tr.find_element(By.CSS_SELECTOR, f"td.{c}").text
-                 for c in ("range", "state", "delta", "rows-input", "rows-output", "rows-rejected", "validation")}
+                 for c in ("range", "state", "delta", "rows-input", "rows-output", "rows-rejected", "timings",
+                           "validation")}
         rows[int(tr.get_attribute("data-epoch"))] = cells
     return rows
+
+
+def group_rows(driver) -> dict[int, dict[str, str]]:
+    from selenium.webdriver.common.by import By
+
+    return {int(tr.get_attribute("data-group")): {c: tr.find_element(By.CSS_SELECTOR, f"td.{c}").text
+                                                  for c in ("epochs", "state", "rows-output", "timings")}
+            for tr in driver.find_elements(By.CSS_SELECTOR, "table#groups tr[data-live='true']")}
+
+
+def card(driver, card_id: str) -> tuple[str, str]:
+    """A card's value and its classes."""
+    from selenium.webdriver.common.by import By
+
+    found = driver.find_element(By.ID, card_id)
+    return found.find_element(By.TAG_NAME, "b").text, found.get_attribute("class")
+
+
+def check_cards_and_tables(driver, login: Login, spec: PipelineSpec, epochs: list) -> None:
+    """The cards and the tables agree with ``/control``, ``/epochs`` and the store: one halted
+    state, no Python ``None``, freshness from the last publish against the SLA, output rows of
+    a shared commit once on its group, the group's timings once, validation counted per epoch."""
+    from selenium.webdriver.common.by import By
+
+    with login.client() as client:
+        control = client.get(f"/sluice/pipelines/{NAME}/control").json()
+        api_epochs = {e["epoch_id"]: e for e in client.get(f"/sluice/pipelines/{NAME}/epochs").json() if e["live"]}
+    halted = control["halted"]
+    assert card(driver, "now-halted")[0] == (halted or "no")
+    assert (card(driver, "now-next")[0] == "halted") == bool(halted) == (control["next"]["mode"] == "halted")
+    why = driver.find_element(By.ID, "now-reason").text
+    assert why.startswith(f"why: {control['next']['reason']} (") and "None" not in why, why
+    # Freshness: stale iff the last publish (from the store) is older than the SLA.
+    last = max(e.published_at for e in epochs).replace(tzinfo=UTC).timestamp()
+    value, classes = card(driver, "now-freshness")
+    stale = time.time() - last > spec.control.freshness_sla_s
+    assert stale == control["freshness"]["stale"] and ("bad" in classes) == stale, (value, classes, control)
+    assert value.startswith(f"{'stale' if stale else 'fresh'}: last publish "), value
+    # The epoch table: an epoch's own output only when it had a commit of its own; a shared
+    # commit's count and timings once, on the group (from the store, not from the payload).
+    shown, groups = live_rows(driver), group_rows(driver)
+    by_group: dict[int, list] = {}
+    for e in epochs:
+        by_group.setdefault(e.group_id, []).append(e)
+    assert sorted(groups) == sorted(by_group), groups
+    for gid, members in by_group.items():
+        shared = len(members) > 1
+        assert groups[gid]["rows-output"] == str(sum(e.rows["output"] for e in members)), (groups[gid], members)
+        assert groups[gid]["epochs"] == ", ".join(str(e.epoch_id) for e in members)
+        compute = f"compute {members[-1].timings['compute_s']}"
+        for e in members:
+            row = shown[e.epoch_id]
+            assert row["rows-output"] == (f"group {gid}" if shared else str(e.rows["output"])), (row, e.rows)
+            assert row["rows-output"] == (f"group {gid}" if api_epochs[e.epoch_id]["commit"] else
+                                          str(api_epochs[e.epoch_id]["rows_out"]))
+            assert (compute in row["timings"]) != shared, row
+        assert (compute in groups[gid]["timings"]) == shared, groups[gid]
+    # Validation: the plot's title counts the epochs per outcome.
+    passed = sum(1 for e in epochs if e.validation and all(r["success"] for r in e.validation.values()))
+    title = driver.find_element(By.CSS_SELECTOR, "svg#plot-validation").get_attribute("aria-label")
+    assert title.startswith(f"validation: {passed} passed, {len(epochs) - passed} failed of {len(epochs)} epochs"), \
+        title
+    assert "None" not in driver.find_element(By.ID, "now").text
 
 
 def test_the_console_shows_a_pipeline_and_rolls_it_back(ran, server, browser, spark):
@@ -184,7 +253,7 @@ def test_the_console_shows_a_pipeline_and_rolls_it_back(ran, server, browser, sp
     for e in epochs:
         row = shown[e.epoch_id]
         assert row["range"] == f"[{e.start}, {e.end})" and row["state"] == "published", row
-        assert row["rows-output"] == str(e.rows["output"]) and row["rows-input"] == str(e.rows["input"]), (row, e.rows)
+        assert row["rows-input"] == str(e.rows["input"]), (row, e.rows)
         assert row["rows-rejected"] == str(e.rows.get("rejected", 0)), (row, e.rows)
         assert row["delta"] == " ".join(f"{k}@{v}" for k, v in e.delta_versions.items()), (row, e.delta_versions)
         assert row["validation"] == "passed", row
@@ -199,10 +268,20 @@ def test_the_console_shows_a_pipeline_and_rolls_it_back(ran, server, browser, sp
     assert abs(float(card.find_element(By.TAG_NAME, "b").text.removesuffix(" s")) - floor) <= 0.11, (card.text, walls)
     assert ("bad" in card.get_attribute("class")) == (floor > ran.control.freshness_sla_s), card.get_attribute("class")
     assert f"median of the last {len(walls)}" in card.get_attribute("title"), card.get_attribute("title")
-    assert marks(driver, "plot-rows", "output") == [(e.epoch_id, e.rows["output"]) for e in epochs]
+    check_cards_and_tables(driver, login, ran, epochs)
+    # Epoch 2 was committed alone; epochs 0 and 1 share group 0's commit, counted on the group.
+    assert marks(driver, "plot-rows", "output") == [(2, epochs[2].rows["output"])]
+    assert marks(driver, "plot-group-output", "output") == [
+        (0, epochs[0].rows["output"] + epochs[1].rows["output"]), (1, epochs[2].rows["output"])]
     assert marks(driver, "plot-epoch-size", "files") == [(e.epoch_id, e.end - e.start) for e in epochs]
     assert marks(driver, "plot-k", "k") == [(0, 2), (1, 1)]  # groups of 2 epochs, then 1
     assert len(marks(driver, "plot-group-time", "coordination")) == 2
+    # Processing: the group's compute and writes once (not once per epoch), within its wall.
+    for (gid, shown_s), members in zip(marks(driver, "plot-group-time", "processing"), ([0, 1], [2]), strict=True):
+        times = epochs[members[-1]].timings
+        spent = times["compute_s"] + sum(v for k, v in times.items() if k.startswith("write_") and k.endswith("_s"))
+        wall = (max(epochs[i].published_at for i in members) - min(epochs[i].planned_at for i in members))
+        assert abs(shown_s - min(spent, wall.total_seconds())) <= 0.011, (gid, shown_s, times)
     assert len(marks(driver, "plot-freshness", "freshness")) == 3
     arrived = marks(driver, "plot-backlog", "arrived")
     assert [n for _, n in arrived] == list(range(1, 7)), arrived  # six files arrived

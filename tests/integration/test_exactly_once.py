@@ -135,8 +135,8 @@ def test_sigkill_then_rerun_is_exactly_once(point, spark, store):
     assert_records_complete(spec, store)
 
 
-@pytest.mark.postgres_variant
-@pytest.mark.spark_crash
+# CI: test_operations' SIGKILL between the RESTOREs of a rollback; the simulation kills at every RESTORE
+@pytest.mark.variant
 def test_sigkill_between_the_restores_of_a_rerun(spark, store):
     """A group commit in both tables but not in the log; the rerun that restores them is killed
     after the first RESTORE; the next rerun still lands everything once."""
@@ -177,6 +177,7 @@ def test_injected_exception_then_rerun_is_exactly_once_per_epoch_commits(point, 
     assert len(versions) == 2, "commit: epoch gives each epoch its own Delta version"
 
 
+@pytest.mark.postgres_variant
 def test_a_write_under_an_older_token_is_refused_by_delta(spark, store):
     """Once a newer owner's token is in a table, Delta skips an older token's commit: the writer
     gets FencedError and the table does not change."""
@@ -204,6 +205,7 @@ def test_a_write_under_an_older_token_is_refused_by_delta(spark, store):
     assert_matches_oracle(spark, spec, store)
 
 
+@pytest.mark.postgres_variant
 def test_a_zombie_stopped_in_its_group_commit_is_refused_after_a_take_over(spark, store):
     """SIGSTOP a run between the two tables of its group commit until its lease expires; a new
     owner takes over, reruns the group, rolls back and recomputes; SIGCONT: the zombie's commit
@@ -245,6 +247,7 @@ def test_a_zombie_stopped_in_its_group_commit_is_refused_after_a_take_over(spark
     assert_records_complete(spec, store)
 
 
+@pytest.mark.postgres_variant
 def test_two_concurrent_runs_one_fails_fast(spark, store):
     spec = make_pipeline("concurrent", **{"control.epoch_files": 2, "control.group_epochs": 4})
     land(spec, files=8, malformed_fraction=0.02)

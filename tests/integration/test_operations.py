@@ -177,6 +177,7 @@ def test_pipelines_sharing_a_folder_keep_their_rows_and_a_shared_table_is_never_
         Path(third.path).unlink()
 
 
+@pytest.mark.variant  # CI: the simulation loses the store at every step and rebuilds it
 def test_store_loss_rebuild_then_continue(spark, tmp_path):
     """Lose the store after a group committed to Delta but before it was published; rebuild
     from the epoch records; continue: nothing lost, nothing counted twice."""

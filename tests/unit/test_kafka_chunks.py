@@ -1,8 +1,10 @@
 """The Kafka source's pure parts: chunks of a partition's offsets, their ranges per partition,
-and the spec rules of a Kafka source (no broker, no Spark)."""
+the spec rules of a Kafka source (the two clients' settings, no secrets in a spec) and the
+clients' settings made from an Airflow connection (no broker, no Spark)."""
 
 from __future__ import annotations
 
+import json
 from contextlib import nullcontext
 from itertools import pairwise
 
@@ -13,7 +15,15 @@ from sluice.errors import SourceError, SpecError
 from sluice.paths import project_root
 from sluice.protocol.leases import acquire_lease
 from sluice.protocol.planning import plan_group
-from sluice.sources.kafka import Chunk, chunk_ranges, chunk_times, merge_adjacent, partition_ranges
+from sluice.sources.kafka import (
+    Chunk,
+    KafkaSource,
+    chunk_ranges,
+    chunk_times,
+    connection_settings,
+    merge_adjacent,
+    partition_ranges,
+)
 from sluice.spec import load_spec
 from sluice.store import EpochStore
 
@@ -76,9 +86,10 @@ def test_the_stores_chunk_ends_are_each_partitions_highest_end(db_url):
         log.close()
 
 
-def kafka_spec(tmp_path, **control):
+def kafka_spec(tmp_path, source=None, **control):
     raw = yaml.safe_load((project_root() / "include" / "pipelines" / "ysb_kafka.yaml").read_text())
     raw["control"].update(control)
+    raw["source"].update(source or {})
     path = tmp_path / "ysb_kafka.yaml"
     path.write_text(yaml.safe_dump(raw))
     return path
@@ -102,6 +113,90 @@ def test_a_kafka_spec_error_names_the_field_as_the_yaml_does(tmp_path):
         load_spec(path)
 
 
+def test_each_client_gets_its_own_settings_and_options_go_to_both(tmp_path):
+    spec = load_spec(kafka_spec(tmp_path, source={
+        "options": {"security.protocol": "SSL", "ssl.ca.location": "/ca.pem"},
+        "discovery_options": {"ssl.endpoint.identification.algorithm": "none"},
+        "spark_options": {"ssl.truststore.location": "/trust.p12", "ssl.truststore.type": "PKCS12"}}))
+    source = spec.source
+    assert source.librdkafka_options() == {"security.protocol": "SSL", "ssl.ca.location": "/ca.pem",
+                                           "ssl.endpoint.identification.algorithm": "none"}
+    # ssl.ca.location is librdkafka's alone: as before, options reach both, less what Java lacks.
+    assert source.java_options() == {"security.protocol": "SSL", "ssl.truststore.location": "/trust.p12",
+                                     "ssl.truststore.type": "PKCS12"}
+    plain = load_spec(kafka_spec(tmp_path, source={"options": {"security.protocol": "PLAINTEXT"}})).source
+    assert plain.librdkafka_options() == plain.java_options() == {"security.protocol": "PLAINTEXT"}
+
+
+@pytest.mark.parametrize(("field", "key", "value", "says"), [
+    ("discovery_options", "sasl.jaas.config", "org.example.Login required;", "Java Kafka client only"),
+    ("options", "ssl.truststore.location", "/t.jks", "put it in source.spark_options"),
+    ("spark_options", "ssl.ca.location", "/ca.pem", "put it in source.discovery_options"),
+    ("spark_options", "sasl.mechanisms", "PLAIN", "librdkafka setting"),
+    ("spark_options", "kafka.security.protocol", "SSL", "without the kafka. prefix"),
+    ("options", "sasl.password", "hunter2-secret-value", "holds a secret"),
+    ("discovery_options", "ssl.key.password", "hunter2-secret-value", "holds a secret"),
+    ("spark_options", "ssl.keystore.password", "hunter2-secret-value", "holds a secret"),
+    ("spark_options", "sasl.jaas.config",
+     'org.apache.kafka.common.security.plain.PlainLoginModule required username="u" password="hunter2-secret-value";',
+     "holds a secret"),
+])
+def test_a_setting_for_the_other_client_or_a_secret_is_refused_naming_the_field(tmp_path, field, key, value, says):
+    """Issue 37 item 4: librdkafka refused Java settings that came in the shared options, and a
+    password had nowhere to go but the spec. The error names the pipeline's file and the field,
+    and never repeats the value."""
+    with pytest.raises(SpecError) as raised:
+        load_spec(kafka_spec(tmp_path, source={field: {key: value}}))
+    message = str(raised.value)
+    assert f"ysb_kafka.yaml: invalid pipeline spec: source.{field}:" in message and repr(key) in message, message
+    assert says in message, message
+    assert "hunter2" not in message
+
+
+def test_a_connection_gives_both_clients_their_security_settings():
+    rd, java = connection_settings("alice", 'p"w\\x', {"security_protocol": "SASL_SSL", "ssl_ca_location": "/ca.pem"})
+    assert rd == {"security.protocol": "SASL_SSL", "sasl.mechanisms": "PLAIN", "sasl.username": "alice",
+                  "sasl.password": 'p"w\\x', "ssl.ca.location": "/ca.pem"}
+    assert java == {"security.protocol": "SASL_SSL", "sasl.mechanism": "PLAIN",
+                    "sasl.jaas.config": 'org.apache.kafka.common.security.plain.PlainLoginModule required '
+                                        'username="alice" password="p\\"w\\\\x";',
+                    "ssl.truststore.location": "/ca.pem", "ssl.truststore.type": "PEM"}
+    # The protocol follows from what the connection holds; SCRAM takes its own login module; a
+    # truststore of its own (with its password) is the Java client's; librdkafka-style keys work.
+    rd, java = connection_settings("bob", "pw", {"sasl.mechanism": "scram-sha-512", "ssl_check_hostname": "false",
+                                                 "ssl_truststore_location": "/t.jks", "ssl_truststore_password": "tp"})
+    assert rd["security.protocol"] == java["security.protocol"] == "SASL_SSL"
+    assert rd["sasl.mechanisms"] == "SCRAM-SHA-512"
+    assert java["sasl.jaas.config"].startswith("org.apache.kafka.common.security.scram.ScramLoginModule required")
+    assert (java["ssl.truststore.type"], java["ssl.truststore.password"]) == ("JKS", "tp")
+    assert rd["ssl.endpoint.identification.algorithm"] == "none" and java["ssl.endpoint.identification.algorithm"] == ""
+    plaintext = {"security.protocol": "PLAINTEXT"}
+    assert connection_settings(None, None, {}) == (plaintext, plaintext)
+    assert connection_settings(None, None, {"ssl_ca_location": "/ca.pem"})[0] == {"security.protocol": "SSL",
+                                                                              "ssl.ca.location": "/ca.pem"}
+    with pytest.raises(ValueError, match="needs the SASL username and password"):
+        connection_settings("alice", None, {"security_protocol": "SASL_PLAINTEXT"})
+    with pytest.raises(ValueError, match="'GSSAPI' is not one of") as raised:
+        connection_settings("alice", "secret-pw", {"sasl_mechanism": "GSSAPI"})
+    assert "secret-pw" not in str(raised.value)
+
+
+def test_a_missing_connection_is_named_with_where_to_define_it(tmp_path, monkeypatch):
+    from sluice.airflow import hooks
+
+    def missing(conn_id):
+        raise LookupError("AirflowNotFoundException looking it up")
+
+    monkeypatch.setattr(hooks, "kafka_connection", missing)
+    spec = load_spec(kafka_spec(tmp_path, source={"connection": "kafka_prod"}))
+    with pytest.raises(SourceError, match=r"pipeline 'ysb_kafka': .*no Airflow connection 'kafka_prod' "
+                                          r"\(source.connection\).*AIRFLOW_CONN_KAFKA_PROD"):
+        _ = KafkaSource(spec, None)._settings  # type: ignore[arg-type]
+    monkeypatch.setattr(hooks, "kafka_connection", lambda conn_id: ("u", "the-pw", {"security_protocol": "NOPE"}))
+    with pytest.raises(SourceError, match=r"pipeline 'ysb_kafka'.*connection 'kafka_prod'.*'NOPE' is not one of"):
+        _ = KafkaSource(spec, None)._settings  # type: ignore[arg-type]
+
+
 class FakeBroker:
     """Partitions and their watermarks, and each record's timestamp (5000 s + 10 s per partition
     + 1 ms per offset), in place of the broker calls of ``KafkaSource``."""
@@ -114,6 +209,8 @@ class FakeBroker:
         monkeypatch.setattr(source, "_partitions", lambda consumer: sorted(self.marks))
         monkeypatch.setattr(source, "_watermarks", lambda consumer, ps: {p: self.marks[p] for p in ps})
         monkeypatch.setattr(source, "_timestamp", lambda consumer, p, offset: 5000.0 + 10 * p + offset / 1000)
+        # the topic's ID: without it each discovery waited out an AdminClient's timeout (~45 s a test)
+        monkeypatch.setattr(source, "_topic_id", lambda: "fake-topic-id")
 
 
 @pytest.mark.parametrize("recent", [2, 4, 500])
@@ -146,3 +243,54 @@ def test_backlog_counts_planned_registered_and_unregistered_chunks(tmp_path, mon
         assert source.discover() == 7 and source._registered_ends() == {0: 3100, 1: 1000, 2: 300, 3: 50}
     finally:
         log.close()
+
+
+def test_a_kafka_connection_resolves_from_its_environment_variable_and_passes_on_to_a_job(monkeypatch):
+    """``kafka_connection`` reads an Airflow connection (here ``AIRFLOW_CONN_<ID>``, as a job
+    outside Airflow does); ``kafka_connection_env`` is what such a job needs to read it too."""
+    from sluice.airflow.hooks import kafka_connection, kafka_connection_env
+
+    monkeypatch.setenv("AIRFLOW_CONN_KAFKA_UNIT", json.dumps({
+        "conn_type": "generic", "login": "alice", "password": "pw-1234567",
+        "extra": {"security_protocol": "SASL_SSL", "ssl_ca_location": "/c"}}))
+    found = kafka_connection("kafka_unit")
+    assert found == ("alice", "pw-1234567", {"security_protocol": "SASL_SSL", "ssl_ca_location": "/c"})
+    env = kafka_connection_env("kafka_unit")
+    assert list(env) == ["AIRFLOW_CONN_KAFKA_UNIT"]
+    monkeypatch.delenv("AIRFLOW_CONN_KAFKA_UNIT")
+    monkeypatch.setenv("AIRFLOW_CONN_KAFKA_UNIT2", env["AIRFLOW_CONN_KAFKA_UNIT"])
+    assert kafka_connection("kafka_unit2") == found
+    monkeypatch.setenv("AIRFLOW_CONN_KAFKA_BROKEN", "{not json pw-1234567")
+    for conn_id in ("kafka_unit", "kafka_broken"):
+        with pytest.raises(LookupError) as raised:
+            kafka_connection(conn_id)
+        assert "pw-1234567" not in str(raised.value)
+
+
+def test_the_submit_task_hands_the_kafka_connection_to_its_job(tmp_path, monkeypatch):
+    """``RunGroupSubmitOperator`` puts ``AIRFLOW_CONN_<ID>`` in the spark-submit job's environment
+    (the job runs outside the task and resolves the connection from it), and nothing of it in
+    the command's conf."""
+    from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
+
+    from sluice.airflow.operators import RunGroupSubmitOperator
+
+    secret = "pw-submit-98765"
+    monkeypatch.setenv("AIRFLOW_CONN_KAFKA_SUBMIT", json.dumps({
+        "conn_type": "kafka", "login": "alice", "password": secret, "extra": {"security_protocol": "SASL_PLAINTEXT"}}))
+    monkeypatch.setenv("SLUICE_STORE_URL", f"sqlite:///{tmp_path}/s.db")
+    spec = load_spec(kafka_spec(tmp_path, source={"connection": "kafka_submit"}))
+    monkeypatch.setattr("sluice.airflow.operators.get_spec", lambda name: spec)
+    seen = {}
+    monkeypatch.setattr(SparkSubmitOperator, "execute", lambda self, context: seen.update(env=dict(self.env_vars),
+                                                                                          conf=dict(self.conf)))
+
+    class TI:
+        def xcom_pull(self, task_ids):
+            return {}
+
+    op = RunGroupSubmitOperator(task_id="run_group", pipeline=spec.name, application="x.py", conf={"a": "b"})
+    op.execute({"ti": TI()})
+    conn = json.loads(seen["env"]["AIRFLOW_CONN_KAFKA_SUBMIT"])
+    assert (conn["login"], conn["password"]) == ("alice", secret)
+    assert secret not in json.dumps(seen["conf"])

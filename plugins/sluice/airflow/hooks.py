@@ -28,6 +28,39 @@ def connection_url(conn_id: str = "sluice_store") -> str | None:
     return conn.get_uri().replace("postgres://", "postgresql+psycopg2://", 1)
 
 
+def kafka_connection(conn_id: str) -> tuple[str | None, str | None, dict[str, Any]]:
+    """The login, password and extra of the Airflow connection ``conn_id``: a Kafka source's
+    credentials (``source.connection``; ``sluice.sources.kafka.connection_settings`` reads them).
+    Airflow's connection inside Airflow; outside, ``AIRFLOW_CONN_<ID>`` (URI or JSON), which
+    Airflow's lookup reads first anyway. The password and the extra's passwords and secrets are
+    masked in this task's logs. ``LookupError`` (without the connection's text) when there is none."""
+    try:
+        conn = BaseHook.get_connection(conn_id)
+    except Exception as exc:  # not found, not inside Airflow, or a malformed AIRFLOW_CONN_ (its text may be a secret)
+        raise LookupError(f"{type(exc).__name__} looking it up") from None
+    try:
+        extra = dict(conn.extra_dejson or {})
+    except Exception:  # an extra that is not JSON
+        raise LookupError("its extra is not a JSON object") from None
+    secrets = [conn.password, *(v for k, v in extra.items() if "password" in k.lower() or "secret" in k.lower())]
+    if any(secrets):
+        from airflow.sdk.log import mask_secret
+
+        for secret in secrets:
+            if secret:
+                mask_secret(str(secret))
+    return conn.login or None, conn.password or None, extra
+
+
+def kafka_connection_env(conn_id: str) -> dict[str, str]:
+    """``{"AIRFLOW_CONN_<ID>": <the connection as JSON>}``: what a process started outside this
+    task (a spark-submit job) needs in its environment to resolve ``conn_id`` as
+    ``kafka_connection`` does here. Set it at execute time (never in a template field: it would
+    be rendered and shown); its password is masked in this task's logs."""
+    kafka_connection(conn_id)  # LookupError when there is none; masks the secrets
+    return {f"AIRFLOW_CONN_{conn_id.upper()}": BaseHook.get_connection(conn_id).as_json()}
+
+
 class SluiceStoreHook(BaseHook):
     """The epoch store of sluice's pipelines (``get_store``); ``conn_id`` names the Airflow
     connection holding its URL (default ``sluice_store``)."""

@@ -4,6 +4,10 @@ and for the operator actions: rollback.
 The Spark step in ``submit`` mode is Airflow's own ``SparkSubmitOperator`` running
 ``sluice/jobs/run_group.py``; in ``in_process`` mode ``RunGroupOperator`` runs the same code inside
 the task. Each step talks to the epoch store only, never to Airflow's metadata database.
+
+The tasks that write the pipeline's tables (``run_group`` in both modes, ``rollback``) report
+their datasets to OpenLineage through Airflow's OpenLineage provider
+(``get_openlineage_facets_on_*``, ``sluice.airflow.lineage``), when it is configured.
 """
 
 from __future__ import annotations
@@ -120,6 +124,32 @@ def release_lease_on_failure(context: Any) -> None:
         store.close()
 
 
+class _GroupLineage:
+    """OpenLineage of a task that runs a group: the source as input, the sinks and ``_rejected``
+    as outputs (``sluice.airflow.lineage``), and the ``sluice`` run facet with the group, its
+    epochs and record counts once ``act`` recorded them in ``_lineage_run``. Airflow's
+    OpenLineage provider calls these only when it is configured; each is a spec lookup and a
+    few reads of the tables' ``_delta_log`` for their schemas, never Spark."""
+
+    pipeline: str
+    task_id: str
+    _lineage_run: dict[str, Any] | None = None
+
+    def _lineage(self, inputs: bool = True) -> Any:
+        from sluice.airflow.lineage import operator_lineage
+
+        return operator_lineage(get_spec(self.pipeline), inputs=inputs, run=self._lineage_run)
+
+    def get_openlineage_facets_on_start(self) -> Any:
+        return self._lineage()
+
+    def get_openlineage_facets_on_complete(self, task_instance: Any) -> Any:
+        return self._lineage()
+
+    def get_openlineage_facets_on_failure(self, task_instance: Any) -> Any:
+        return self._lineage()
+
+
 class _SluiceOperator(BaseOperator):
     """A sluice task: a failure no retry can fix (``OperatorActionRequired``: halted, fenced,
     refused, failed validation) fails it at once, without its retries. Mapped here, once."""
@@ -230,7 +260,7 @@ class _PlannedGroupOperator(_SluiceOperator):
                        lease_owner(context["dag"].dag_id, context["run_id"]), pipeline_store())
 
 
-class RunGroupOperator(_PlannedGroupOperator):
+class RunGroupOperator(_GroupLineage, _PlannedGroupOperator):
     """Run the planned group in a SparkSession inside this task (``spark.mode: in_process``)."""
 
     ui_color = "#fce3c8"
@@ -238,12 +268,15 @@ class RunGroupOperator(_PlannedGroupOperator):
     def act(self, context: Any) -> dict[str, Any]:
         from pyspark.sql import SparkSession
 
-        from sluice.spark import get_session
+        from sluice.airflow.lineage import group_run
+        from sluice.spark import get_session, group_compiler
 
         spec, planned, owner, _ = self.planned(context)
+        self._lineage_run = group_run(spec.name, self.task_id, [planned.as_xcom()])  # a failure reports the plan
         store = SluiceStoreHook().get_store()
         reused = SparkSession.getActiveSession() is not None  # dag.test() in a process with Spark
-        runtime = Runtime.spark(lambda: get_session(f"sluice-{spec.name}", extra_conf=spec.spark.conf),
+        runtime = Runtime.spark(lambda: get_session(f"sluice-{spec.name}", extra_conf=spec.spark.conf,
+                                                    compiler=group_compiler(spec, store, planned.group_id)),
                                 alive=dag_run_alive, stop=not reused)
         try:
             result = PipelineRun(spec, store, owner, runtime).process(planned.group_id)
@@ -255,6 +288,8 @@ class RunGroupOperator(_PlannedGroupOperator):
                           rollback["from_generation"], rollback["generation"], rollback["reason"])
         for group in result["groups"]:
             self.log.info("Group %s of %s:\n%s", group["group_id"], spec.name, _epoch_table(group["epochs"]))
+        self._lineage_run = group_run(spec.name, self.task_id, result["groups"] or [planned.as_xcom()],
+                                      rollback=result["rollbacks"][-1] if result["rollbacks"] else None)
         return {"groups": [g["group_id"] for g in result["groups"]],
                 "epochs": [e["epoch_id"] for g in result["groups"] for e in g["epochs"]]}
 
@@ -275,17 +310,23 @@ class ApprovalRefusedError(OperatorActionRequired):
 
 
 def require_second_person(pipeline: str, requester: str | None, approver: str | None) -> None:
-    """Four eyes: the user who approves a rollback is not the one who asked for it."""
+    """Four eyes: the user who approves a rollback is not the one who asked for it. A run whose
+    requester Airflow does not know (triggered without a user) cannot show that, so it is refused."""
+    if not requester:
+        raise ApprovalRefusedError(f"pipeline {pipeline!r}: the rollback run does not say who triggered it, so "
+                                   "no approval can be told to come from a second person; nothing was changed. "
+                                   "Trigger sluice_rollback as a logged-in user (the UI, the REST API with a "
+                                   "user's token, or the sluice console)")
     if not approver:
         raise ApprovalRefusedError(f"pipeline {pipeline!r}: the rollback has no recorded approval; nothing was "
                                    "changed. Trigger sluice_rollback again and have a second person approve it")
-    if requester and approver == requester:
+    if approver == requester:
         raise ApprovalRefusedError(f"pipeline {pipeline!r}: the rollback was approved by {approver!r}, who asked "
                                    "for it; a second person must approve. Nothing was changed: trigger "
                                    "sluice_rollback again")
 
 
-class RollbackOperator(_PipelineOperator):
+class RollbackOperator(_GroupLineage, _PipelineOperator):
     """Roll a pipeline back to an epoch (``sluice_rollback``): preconditions, RESTORE,
     generation bump, epoch states, source rewind; with ``recompute`` the rolled-back ranges are
     planned again as a group of this run, which the next tasks run, validate and publish.
@@ -299,6 +340,10 @@ class RollbackOperator(_PipelineOperator):
     def __init__(self, *, approval_task_id: str | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.approval_task_id = approval_task_id
+
+    def _lineage(self, inputs: bool = False) -> Any:
+        """A rollback RESTOREs the pipeline's tables (outputs); it reads no source."""
+        return super()._lineage(inputs=False)
 
     def act(self, context: Any) -> dict[str, Any]:
         from pyspark.sql import SparkSession
@@ -333,6 +378,12 @@ class RollbackOperator(_PipelineOperator):
         finally:
             runtime.close()
             store.close()
+        from sluice.airflow.lineage import group_run
+
+        self._lineage_run = group_run(spec.name, self.task_id, [], rollback={
+            "toEpoch": report["to_epoch"], "reason": report["reason"], "generation": report["generation"],
+            "fromGeneration": report["from_generation"], "rolledBackEpochs": [r[0] for r in report["rolled_back"]],
+            "restored": report["restored"], "recompute": bool(params["recompute"])})
         self.log.info("Rolled %s back to epoch %s: generation %s -> %s; restored %s; rolled back %s",
                       spec.name, report["to_epoch"], report["from_generation"], report["generation"],
                       json.dumps(report["restored"]), [r[0] for r in report["rolled_back"]])
@@ -541,7 +592,7 @@ class FreshnessAlertOperator(BaseOperator):
         return alerts
 
 
-class RunGroupSubmitOperator(SparkSubmitOperator):
+class RunGroupSubmitOperator(_GroupLineage, SparkSubmitOperator):
     """Airflow's ``SparkSubmitOperator`` running ``sluice/jobs/run_group.py`` (``spark.mode: submit``).
     The job learns the epoch store's URL from its environment, set here at execute time: a
     template field would be rendered, and shown, before ``execute``. The Python code executors
@@ -552,6 +603,27 @@ class RunGroupSubmitOperator(SparkSubmitOperator):
         super().__init__(**kwargs)
         self.pipeline = pipeline
 
+    def _choose_compiler(self, spec: Any, context: Any) -> None:
+        """The driver's JIT by the planned group's records (``sluice.control.jit``): the DAG's
+        options name C1; a group at or above the break-even gets C2's. A spec's own
+        ``spark.driver.extraJavaOptions`` is left as it is."""
+        from sluice.spark import RUN_ONCE_C2_JAVA_OPTIONS, RUN_ONCE_JAVA_OPTIONS, group_compiler
+
+        options = (self.conf or {}).get("spark.driver.extraJavaOptions", "")
+        if RUN_ONCE_JAVA_OPTIONS not in options:
+            return
+        plan = context["ti"].xcom_pull(task_ids="plan_group") or {}
+        if plan.get("group_id") is None:
+            return
+        store = SluiceStoreHook().get_store()
+        try:
+            compiler = group_compiler(spec, store, plan["group_id"])
+        finally:
+            store.close()
+        if compiler == "c2":
+            self.conf = {**self.conf, "spark.driver.extraJavaOptions": options.replace(RUN_ONCE_JAVA_OPTIONS,
+                                                                                       RUN_ONCE_C2_JAVA_OPTIONS)}
+
     def execute(self, context: Any) -> Any:
         from sluice.paths import project_root
         from sluice.spark import python_files
@@ -560,5 +632,32 @@ class RunGroupSubmitOperator(SparkSubmitOperator):
         # of sluice it imports.
         self.env_vars = {**(self.env_vars or {}), "SLUICE_STORE_URL": pipeline_store(),
                          "SLUICE_HOME": str(project_root())}
-        self.py_files = python_files(get_spec(self.pipeline).transform_function)
-        return super().execute(context)
+        spec = get_spec(self.pipeline)
+        self.py_files = python_files(spec.transform_function)
+        self._choose_compiler(spec, context)
+        connection = getattr(spec.source, "connection", None)
+        if connection:  # the job runs outside this task: it resolves the Kafka connection from its environment
+            from sluice.airflow.hooks import kafka_connection_env
+
+            self.env_vars.update(kafka_connection_env(connection))
+        from sluice.airflow import lineage
+
+        if not lineage.enabled():
+            return super().execute(context)
+        # OpenLineage is configured: its run facet names the planned group (also when the job
+        # fails), then the epochs' counts as the job recorded them.
+        plan = context["ti"].xcom_pull(task_ids="plan_group") or {}
+        self._lineage_run = lineage.group_run(self.pipeline, self.task_id, [plan] if plan.get("group_id") is not None
+                                              else [])
+        result = super().execute(context)
+        if plan.get("group_id") is not None:
+            store = SluiceStoreHook().get_store()
+            try:
+                group = store.group(self.pipeline, plan["group_id"])
+                self._lineage_run = lineage.group_run(self.pipeline, self.task_id, [
+                    {"group_id": group.group_id, "epochs": [e.as_record() for e in group.epochs]}])
+            except SluiceError as exc:
+                self.log.warning("OpenLineage: group %s not read back: %s", plan["group_id"], exc)
+            finally:
+                store.close()
+        return result

@@ -27,6 +27,8 @@ writes to the store.
 from __future__ import annotations
 
 import json
+import time
+from datetime import UTC
 from pathlib import Path
 from typing import Any
 
@@ -86,15 +88,102 @@ def epochs(dag_id: str) -> list[dict[str, Any]]:
         # ``files``: the manifest entries (files, or Kafka chunks); ``offsets``: what they hold in
         # the source's terms (per-partition Kafka offsets); ``group_reason`` and ``started``: why
         # the group that ran the epoch started when it did (``adaptive.StartReason``; None for a
-        # run the sensor did not start: manual, backfill, rollback).
+        # run the sensor did not start: manual, backfill, rollback); ``rows_out``, ``commit``,
+        # ``own_timings``, ``validation_outcome``: what is the epoch's own (``epoch_view``; the
+        # console reads these). ``rows`` and ``timings`` are the store's record as is.
         return [dict(e.as_record(), generation=e.written_generation, live_generation=e.generation,
                      live=e.generation == current and e.state != "rolled_back",
                      files=[f.as_record() for f in held(e)], offsets=source.describe(held(e)),
                      group_reason=plans.get(e.group_id, {}).get("reason"),
-                     started=plans.get(e.group_id, {}).get("started"))
+                     started=plans.get(e.group_id, {}).get("started"), **epoch_view(e))
                 for e in history]
     finally:
         store.close()
+
+
+def shared_commit(e: Epoch) -> bool:
+    """Whether the epoch was committed in one Delta commit with other epochs (its group's): its
+    output rows and timings are then the commit's, recorded on the commit's last epoch (output)
+    and copied to each (timings); nothing of them is the epoch's own."""
+    span = e.commit_span
+    return span is not None and span[0] != span[1]
+
+
+def validation_outcome(e: Epoch) -> str | None:
+    """``passed`` (every sink's suite passed), ``failed`` (one failed, whatever the policy did
+    with it next), or None (not validated: no suite, or not run yet)."""
+    if not e.validation:
+        return None
+    return "passed" if all(r.get("success") is not False for r in e.validation.values()) else "failed"
+
+
+def epoch_view(e: Epoch) -> dict[str, Any]:
+    """What of an epoch's record is its own, for the console. Output rows are counted by Delta
+    per commit, and a group commits its epochs together: the store keeps the commit's count on
+    its last epoch and 0 on the others, and the group's timings on each. No per-epoch count
+    exists, so ``rows_out`` is None for an epoch of a shared commit (the group shows the count
+    once, ``group_view``), and ``own_timings`` holds only timings measured for this epoch."""
+    shared = shared_commit(e)
+    span = e.commit_span
+    return {"rows_out": None if shared else e.rows.get("output"),
+            "commit": {"first": span[0], "last": span[1]} if shared and span else None,
+            "own_timings": {} if shared else dict(e.timings),
+            "validation_outcome": validation_outcome(e)}
+
+
+def _ts(moment: Any) -> float | None:
+    return None if moment is None else moment.replace(tzinfo=UTC).timestamp()
+
+
+def group_view(epochs: list[Epoch]) -> dict[str, Any]:
+    """A group's output, wall time and timings, each once: ``rows_out`` the sum of its commits'
+    counts (a shared commit's count sits on its last epoch, the others hold 0); ``timings`` the
+    group commit's (None when its epochs committed one by one: each epoch's ``own_timings``
+    then); ``wall_s`` first planned to last published (or committed); ``processing_s`` the time
+    spent reading, computing and writing (``compute_s`` runs from the start of the read, so it
+    holds ``read_s``), the rest of the wall being coordination."""
+    outputs = [e.rows["output"] for e in epochs if e.rows.get("output") is not None]
+    shared = [e for e in epochs if shared_commit(e)]
+    timings = None
+    if shared:
+        last = max(shared, key=lambda e: e.epoch_id)
+        # ``epoch_s`` is the group's wall shared out by files (for the controllers), not a timing
+        timings = {k: v for k, v in last.timings.items() if k != "epoch_s"}
+    starts = [t for e in epochs if (t := _ts(e.planned_at)) is not None]
+    ends = [t for e in epochs if (t := _ts(e.published_at or e.committed_at)) is not None]
+    wall = max(0.0, max(ends) - min(starts)) if starts and ends else None
+
+    def processing(t: dict[str, Any]) -> float:
+        return float(t.get("compute_s", t.get("read_s")) or 0.0) + sum(
+            float(v) for k, v in t.items() if k.startswith("write_") and k.endswith("_s"))
+
+    spent = processing(timings) if timings is not None else sum(processing(e.timings) for e in epochs)
+    if wall is not None:
+        spent = min(spent, wall)
+    return {"rows_out": sum(outputs) if outputs else None, "timings": timings,
+            "wall_s": None if wall is None else round(wall, 3),
+            "processing_s": None if wall is None else round(spent, 3),
+            "coordination_s": None if wall is None else round(wall - spent, 3)}
+
+
+def controllers_now(halted: str | None, verdict: Any) -> dict[str, Any]:
+    """What the controllers would do now, from the one ``halted`` the payload carries: ``mode``
+    halted, start or wait, and ``reason`` in words (never a Python ``None``)."""
+    plan = verdict.plan()
+    decided = verdict.decision.reason
+    if halted:
+        mode, fire = "halted", None
+        reason = f"halted: {halted}; the sensor starts nothing until an operator acts"
+    elif verdict.fire:
+        mode, fire = "start", verdict.fire
+        reason = f"{verdict.fire}: {decided}"
+    else:
+        mode, fire = "wait", None
+        reason = f"waiting: {decided}"
+    started = dict(plan["started"])
+    if halted:
+        started.update(rule=None, explanation=reason)
+    return dict(plan, fire=fire, mode=mode, reason=reason, decision_reason=decided, started=started)
 
 
 @app.get("/pipelines/{dag_id}/control", dependencies=CAN_READ)
@@ -109,16 +198,23 @@ def control(dag_id: str) -> dict[str, Any]:
         backlog = source_for(spec, store).backlog()
         verdict = adaptive.decide(spec, store, backlog.files, backlog.oldest_age_s, list(backlog.arrivals),
                                   continuous=spec.data_driven)
-        fresh = freshness.measure(spec, store, backlog)
-        floor = freshness.sla_floor(spec.control.freshness_sla_s, spec.control.poll_interval_s, store.epochs(name))
+        now = time.time()
+        fresh = freshness.measure(spec, store, backlog, now)
+        current = store.epochs(name)
+        floor = freshness.sla_floor(spec.control.freshness_sla_s, spec.control.poll_interval_s, current)
+        stale = freshness.staleness(spec.control.freshness_sla_s, current, fresh.age_s, now)
         from sluice.protocol.planning import halt_reason
 
+        # The one halted state of the payload: ``halted`` (why, or None) and ``next.mode`` both
+        # come from this read. A halted pipeline's sensor does not fire, whatever the controllers
+        # would plan.
         halted = halt_reason(store, name, spec.control.max_attempts, spec.control.max_crashes)
         lease = store.lease_holder(name) if store.has_pipeline(name) else None
-        # A halted pipeline's sensor does not fire, whatever the controllers would plan.
-        return {"pipeline": name, "adaptive": spec.control.adaptive, "backlog": backlog.as_dict(),
-                "freshness": dict(fresh.as_dict(), alerts=spec.alerts.freshness), "sla_floor": floor.as_dict(),
-                "next": dict(verdict.plan(), fire=None if halted else verdict.fire),
+        # ``freshness``: ``age_s``/``breached`` the oldest unpublished data (what alerts use);
+        # ``stale``/``last_publish_age_s`` the last publish, both against ``sla_s``.
+        return {"pipeline": name, "adaptive": spec.control.adaptive, "backlog": backlog.as_dict(), "now": now,
+                "freshness": dict(fresh.as_dict(), **stale.as_dict(), alerts=spec.alerts.freshness),
+                "sla_floor": floor.as_dict(), "next": controllers_now(halted, verdict),
                 "state": store.control_state(name), "halted": halted,
                 "lease_holder": lease, "lease_run": _dag_run(lease)}
     except SluiceError as exc:
@@ -144,7 +240,8 @@ def _spec_or_404(name: str) -> Any:
 
 @app.get("/pipelines/{dag_id}/groups", dependencies=CAN_READ)
 def groups(dag_id: str) -> list[dict[str, Any]]:
-    """Every group of the pipeline (all generations), with the DAG run that planned it."""
+    """Every group of the pipeline (all generations), with the DAG run that planned it, and its
+    output rows, wall time and timings once (``group_view``)."""
     name = dag_id
     _spec_or_404(name)
     store = EpochStore()
@@ -152,7 +249,8 @@ def groups(dag_id: str) -> list[dict[str, Any]]:
         if not store.has_pipeline(name):
             return []
         return [{"group_id": g.group_id, "state": g.state, "plan": g.plan, "reprocessing": g.reprocessing,
-                 "epoch_ids": g.epoch_ids, "owner": g.owner, "dag_run": _dag_run(g.owner)}
+                 "epoch_ids": g.epoch_ids, "owner": g.owner, "dag_run": _dag_run(g.owner),
+                 "generation": max((e.generation for e in g.epochs), default=None), **group_view(list(g.epochs))}
                 for g in store.groups(name)]
     finally:
         store.close()

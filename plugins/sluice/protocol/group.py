@@ -182,9 +182,10 @@ class GroupJob:
     # -- commit ----------------------------------------------------------------------------------
 
     def _writes(self, prepared: Prepared, epochs: list[Epoch]) -> list[tuple[PipelineTable, Any, int | None]]:
-        """What each table gets, in commit order: ``_rejected``, ``_quarantine``, the sinks. A
-        group without a valid record writes no sink; otherwise the sinks' rows are counted by
-        Delta's commit metrics (or the compute), not by a job of their own."""
+        """What each table gets, in commit order: ``_rejected``, ``_quarantine``, the sinks, then
+        ``_dedup`` (the seen keys, under ``dedup``). A group without a valid record writes no
+        sink; otherwise the sinks' rows are counted by Delta's commit metrics (or the compute),
+        not by a job of their own."""
         n_rejected = sum(prepared.n_rejected.get(e.epoch_id, 0) for e in epochs)
         quarantined = sum(r.quarantined for e in epochs for r in prepared.results.get(e.epoch_id, {}).values())
         valid = sum(prepared.n_input.get(e.epoch_id, 0) - prepared.n_rejected.get(e.epoch_id, 0) for e in epochs)
@@ -193,6 +194,8 @@ class GroupJob:
             (self.tables[QUARANTINE], prepared.quarantined, quarantined)]
         writes += [(sink, prepared.outputs.get(sink.name) if valid else None, prepared.counts.get(sink.name))
                    for sink in self.sinks]
+        if "_dedup" in self.tables:  # the seen keys, MERGEd in the same group commit (sluice.dedup)
+            writes.append((self.tables["_dedup"], prepared.dedup_state if valid else None, None))
         return writes
 
     def _write_all(self, lease: Lease, prepared: Prepared, epochs: list[Epoch]) -> list[SinkCommit]:
@@ -284,6 +287,8 @@ class GroupJob:
                 "rejected": prepared.n_rejected.get(epoch.epoch_id, 0),
                 "quarantined": sum(r.quarantined for r in results.values()),
                 "output": output if last else 0}
+            if self.spec.dedup is not None:
+                rows["deduplicated"] = prepared.n_deduplicated.get(epoch.epoch_id, 0)
             if len(epochs) > 1 or self.spec.commit == "group":
                 rows["commit"] = [epochs[0].epoch_id, epochs[-1].epoch_id]
             if keys and last:  # Prompt's key statistics (sluice.sinks.layout), of the whole commit

@@ -1,6 +1,7 @@
 """A pipeline's tables as the protocol writes them: its sinks, ``_rejected`` and
-``_quarantine``. A group's epochs (or one epoch, under ``commit: epoch``) are written in one Delta
-transaction per table, tagged ``txnAppId = sluice:<pipeline>:<table>:g<generation>``,
+``_quarantine`` (and ``_dedup``, the seen keys of ``dedup``). A group's epochs (or one epoch,
+under ``commit: epoch``) are written in one Delta transaction per table, tagged
+``txnAppId = sluice:<pipeline>:<table>:g<generation>``,
 ``txnVersion = token << 32 | (last epoch + 1)`` (``rules.txn_version``: the writer's lease token
 above the epoch) and ``userMetadata`` = JSON ``{pipeline, sink, generation, token, epoch (the
 last), epochs [[id, start, end], ...], range}``. Delta itself skips a write whose txnVersion is
@@ -132,9 +133,14 @@ class PipelineTable:
 
 def pipeline_tables(spec: PipelineSpec) -> list[PipelineTable]:
     """Every table the pipeline writes, each once, as its writer (``_rejected``, the quarantine
-    table under one app id, the sinks)."""
-    return [PipelineTable(spec.name, rejected_sink(spec)), PipelineTable(spec.name, quarantine_sink(spec)),
-            *[PipelineTable(spec.name, s, spec.partitioning) for s in spec.sinks]]
+    table under one app id, the sinks, and ``_dedup`` under ``dedup``)."""
+    tables = [PipelineTable(spec.name, rejected_sink(spec)), PipelineTable(spec.name, quarantine_sink(spec)),
+              *[PipelineTable(spec.name, s, spec.partitioning) for s in spec.sinks]]
+    if spec.dedup is not None:  # the seen keys (sluice.dedup): rolled back with the epochs like the others
+        from sluice.dedup import dedup_sink
+
+        tables.append(PipelineTable(spec.name, dedup_sink(spec)))
+    return tables
 
 
 def table_of(spec: PipelineSpec, name: str) -> PipelineTable:

@@ -22,7 +22,7 @@ from sluice.store import EpochStore, ManifestEntry
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
 
-    from sluice.model import EpochRange
+    from sluice.model import EpochRange, Group
 
 #: How much of a record above ``source.max_record_bytes`` is kept in ``_rejected``.
 RECORD_KEPT_CHARS = 1024
@@ -88,6 +88,24 @@ class Source(ABC):
     def describe(self, entries: list[ManifestEntry]) -> dict[str, Any]:
         """What manifest entries (an epoch's) hold, in the source's own terms: JSON-able, for the
         epoch API. From the manifest alone (no call to the source)."""
+
+    def group_records(self, group: Group, history_epochs: int = 8) -> int | None:
+        """About how many records ``group`` holds, from the manifest alone: a chunk's size counts
+        records (Kafka), a file's or a version's counts bytes, at the bytes per record of the
+        pipeline's last ``history_epochs`` published epochs; ``None`` before any was published.
+        What the run-once driver's compiler is chosen by (``sluice.control.jit``)."""
+        from sluice.control.jit import estimate_records
+        from sluice.spec import KafkaSourceSpec
+
+        name = self.spec.name
+        sizes = [e.size for e in self.store.manifest(name, group.epochs[0].start, group.epochs[-1].end)]
+        published = [e for e in self.store.epochs(name) if e.state == "published" and e.rows.get("input")]
+        history = []
+        for epoch in published[-history_epochs:]:
+            history.append((sum(e.size for e in self.store.manifest(name, epoch.start, epoch.end)),
+                            int(epoch.rows["input"])))
+        return estimate_records(sizes, sizes_are_records=isinstance(self.spec.source, KafkaSourceSpec),
+                                history=history)
 
     def entries(self, start: int, end: int) -> list[ManifestEntry]:
         from sluice.errors import SourceError

@@ -15,6 +15,13 @@ the partition and offsets. Records deleted before sluice registered them stop th
 
 sluice's own client (discovery, backlog, retention checks) is confluent-kafka; it never joins a
 consumer group or commits offsets: the epoch store holds the offsets.
+
+Two clients, two settings maps: ``source.options`` go to both (librdkafka as is, Spark's Java
+client prefixed with ``kafka.``), ``source.discovery_options`` to librdkafka alone,
+``source.spark_options`` to the Java client alone. Credentials come from the Airflow connection
+``source.connection`` (``connection_settings`` turns its login, password and extra into both
+clients' settings), resolved here at run time: they are never in the spec, and errors and logs
+name the connection, never its secrets.
 """
 
 from __future__ import annotations
@@ -27,6 +34,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
 from sluice.errors import SourceError
@@ -49,6 +57,70 @@ RECENT_CHUNKS = 500
 
 SKIP_HINT = ("Skip the chunk on purpose (recorded): trigger the sluice_skip_file DAG with FILE=<the kafka:// "
              "path above>, or `make skip-file PIPELINE=<name> FILE=<path> REASON=<why>`")
+
+
+#: The SASL mechanisms a connection may name, and the JAAS login module each needs in Java.
+LOGIN_MODULES = {"PLAIN": "org.apache.kafka.common.security.plain.PlainLoginModule",
+                 "SCRAM-SHA-256": "org.apache.kafka.common.security.scram.ScramLoginModule",
+                 "SCRAM-SHA-512": "org.apache.kafka.common.security.scram.ScramLoginModule"}
+PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
+
+
+def _jaas_quote(text: str) -> str:
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def _false(value: Any) -> bool:
+    return str(value).strip().lower() in ("false", "0", "no", "off")
+
+
+def connection_settings(login: str | None, password: str | None,
+                        extra: dict[str, Any]) -> tuple[dict[str, str], dict[str, str]]:
+    """librdkafka's settings and the Java client's (without ``kafka.``) from an Airflow
+    connection: login and password are the SASL username and password; ``extra`` (keys with
+    ``_`` or ``.``) may set ``security_protocol``, ``sasl_mechanism``, ``ssl_ca_location`` (a
+    PEM file: librdkafka's CA, and the Java client's truststore unless one is given),
+    ``ssl_truststore_location``/``_type``/``_password``, ``ssl_check_hostname``. ``ValueError``
+    (never quoting a secret) for what cannot work."""
+    x = {str(k).replace(".", "_").lower(): v for k, v in (extra or {}).items()}
+    username = login or x.get("sasl_username")
+    password = password or x.get("sasl_password")
+    ca = x.get("ssl_ca_location")
+    truststore = x.get("ssl_truststore_location")
+    tls = bool(ca or truststore)
+    protocol = str(x.get("security_protocol") or
+                   (("SASL_SSL" if tls else "SASL_PLAINTEXT") if username else ("SSL" if tls else "PLAINTEXT"))).upper()
+    if protocol not in PROTOCOLS:
+        raise ValueError(f"extra.security_protocol {protocol!r} is not one of {', '.join(PROTOCOLS)}")
+    rd: dict[str, str] = {"security.protocol": protocol}
+    java: dict[str, str] = {"security.protocol": protocol}
+    if protocol.startswith("SASL"):
+        mechanism = str(x.get("sasl_mechanism") or x.get("sasl_mechanisms") or "PLAIN").upper()
+        if mechanism not in LOGIN_MODULES:
+            raise ValueError(f"extra.sasl_mechanism {mechanism!r} is not one of {', '.join(LOGIN_MODULES)}")
+        if not username or not password:
+            raise ValueError(f"security protocol {protocol} needs the SASL username and password as the "
+                             "connection's login and password")
+        rd.update({"sasl.mechanisms": mechanism, "sasl.username": str(username), "sasl.password": str(password)})
+        java.update({"sasl.mechanism": mechanism,
+                     "sasl.jaas.config": f"{LOGIN_MODULES[mechanism]} required username={_jaas_quote(str(username))} "
+                                         f"password={_jaas_quote(str(password))};"})
+    if protocol.endswith("SSL"):
+        if ca:
+            rd["ssl.ca.location"] = str(ca)
+        if truststore:
+            java["ssl.truststore.location"] = str(truststore)
+            kind = x.get("ssl_truststore_type") or ("JKS" if str(truststore).endswith(".jks") else
+                                                     "PEM" if str(truststore).endswith((".pem", ".crt")) else "PKCS12")
+            java["ssl.truststore.type"] = str(kind).upper()
+            if x.get("ssl_truststore_password"):
+                java["ssl.truststore.password"] = str(x["ssl_truststore_password"])
+        elif ca:
+            java.update({"ssl.truststore.location": str(ca), "ssl.truststore.type": "PEM"})
+        if "ssl_check_hostname" in x and _false(x["ssl_check_hostname"]):
+            rd["ssl.endpoint.identification.algorithm"] = "none"
+            java["ssl.endpoint.identification.algorithm"] = ""
+    return rd, java
 
 
 @dataclass(frozen=True)
@@ -126,6 +198,76 @@ class KafkaSource(EntrySource):
 
     # -- the broker --------------------------------------------------------------------------
 
+    @cached_property
+    def _settings(self) -> tuple[dict[str, str], dict[str, str]]:
+        """librdkafka's settings and the Java client's (without ``kafka.``): the spec's, then
+        the connection's (``source.connection``, resolved now: never stored or passed on)."""
+        librdkafka, java = self.kafka.librdkafka_options(), self.kafka.java_options()
+        conn_id = self.kafka.connection
+        if conn_id:
+            from sluice.airflow.hooks import kafka_connection
+
+            try:
+                login, password, extra = kafka_connection(conn_id)
+            except LookupError as exc:
+                raise SourceError(f"{self._where()}: no Airflow connection {conn_id!r} (source.connection) holds "
+                                  f"the brokers' credentials ({exc}): define it in Airflow, or outside Airflow as "
+                                  f"the environment variable AIRFLOW_CONN_{conn_id.upper()}") from None
+            self._secrets = [str(v) for v in (password, *(v for k, v in extra.items()
+                                                         if "password" in k.lower() or "secret" in k.lower()))
+                             if v]
+            try:
+                rd, jv = connection_settings(login, password, extra)
+            except ValueError as exc:
+                raise SourceError(f"{self._where()}: {self._scrub(str(exc))}") from None
+            librdkafka.update(rd)
+            java.update(jv)
+        return librdkafka, java
+
+    _secrets: list[str] = []
+
+    def _scrub(self, text: str) -> str:
+        """``text`` (a client's error) with the connection's secrets masked."""
+        for secret in self._secrets:
+            text = text.replace(secret, "***")
+        return text
+
+    def _on_error(self, error: Any) -> None:
+        """librdkafka's error callback (served by ``poll``): remember an authentication or TLS
+        failure, which no retry mends, so the caller stops at once instead of timing out."""
+        from confluent_kafka import KafkaError
+
+        if error.code() in (KafkaError._AUTHENTICATION, KafkaError._SSL):
+            self._refused = error
+
+    _refused: Any = None
+
+    def _client_config(self, **base: Any) -> dict[str, Any]:
+        return {"bootstrap.servers": self.kafka.bootstrap_servers, "socket.timeout.ms": int(TIMEOUT_S * 1000),
+                "log_level": 3, **base, **self._settings[0], "error_cb": self._on_error}
+
+    def _check_refused(self, client: Any) -> None:
+        """``SourceError`` when the brokers refused the client (credentials, TLS), naming the
+        pipeline and the connection, never its secrets."""
+        client.poll(0)  # serves the error callback
+        if self._refused is not None:
+            conn = f"the Airflow connection {self.kafka.connection!r}" if self.kafka.connection else \
+                "source.connection (none is set)"
+            raise SourceError(f"{self._where()}: the brokers refused sluice's client: "
+                              f"{self._scrub(self._refused.str())}. Check the credentials and TLS settings of {conn}")
+
+    def _asked(self, client: Any, ask: Any, failed: type[BaseException] | tuple[type[BaseException], ...]) -> Any:
+        """``ask(timeout)`` retried in short slices for up to ``TIMEOUT_S``, stopping at once when
+        the brokers refuse the client; the last failure is raised when time runs out."""
+        deadline = time.monotonic() + TIMEOUT_S
+        while True:
+            try:
+                return ask(min(1.0, max(0.1, deadline - time.monotonic())))
+            except failed:
+                self._check_refused(client)
+                if time.monotonic() >= deadline:
+                    raise
+
     @contextmanager
     def _consumer(self) -> Iterator[Consumer]:
         from confluent_kafka import Consumer
@@ -133,25 +275,24 @@ class KafkaSource(EntrySource):
         # fetch.wait.max.ms: discovery reads single records partition after partition; with the
         # default 500 ms each re-assignment waited out the previous partition's pending fetch
         # (measured: 0.5 s per timestamp read, 0.02 s with 10 ms).
-        consumer = Consumer({"bootstrap.servers": self.kafka.bootstrap_servers, "group.id": f"sluice-{self.spec.name}",
-                             "enable.auto.commit": False, "enable.partition.eof": False,
-                             "socket.timeout.ms": int(TIMEOUT_S * 1000), "log_level": 3, "fetch.wait.max.ms": 10,
-                             **self.kafka.options})
+        consumer = Consumer(self._client_config(**{"group.id": f"sluice-{self.spec.name}", "enable.auto.commit": False,
+                                                   "enable.partition.eof": False, "fetch.wait.max.ms": 10}))
         try:
             yield consumer
         finally:
             consumer.close()
 
     def _where(self) -> str:
-        return f"pipeline {self.spec.name!r}: Kafka topic {self.topic!r} on {self.kafka.bootstrap_servers}"
+        conn = f" (connection {self.kafka.connection!r})" if self.kafka.connection else ""
+        return f"pipeline {self.spec.name!r}: Kafka topic {self.topic!r} on {self.kafka.bootstrap_servers}{conn}"
 
     def _partitions(self, consumer: Consumer) -> list[int]:
         from confluent_kafka import KafkaException
 
         try:
-            metadata = consumer.list_topics(self.topic, timeout=TIMEOUT_S)
+            metadata = self._asked(consumer, lambda t: consumer.list_topics(self.topic, timeout=t), KafkaException)
         except KafkaException as exc:
-            raise SourceError(f"{self._where()}: the brokers did not answer: {exc}") from None
+            raise SourceError(f"{self._where()}: the brokers did not answer: {self._scrub(str(exc))}") from None
         topic = metadata.topics.get(self.topic)
         if topic is None or topic.error is not None:
             raise SourceError(f"{self._where()}: {topic.error if topic else 'no such topic'}")
@@ -166,7 +307,7 @@ class KafkaSource(EntrySource):
             try:
                 found[p] = consumer.get_watermark_offsets(TopicPartition(self.topic, p), timeout=TIMEOUT_S)
             except KafkaException as exc:
-                raise SourceError(f"{self._where()}: offsets of partition {p}: {exc}") from None
+                raise SourceError(f"{self._where()}: offsets of partition {p}: {self._scrub(str(exc))}") from None
         return found
 
     def _timestamp(self, consumer: Consumer, partition: int, offset: int) -> float:
@@ -187,17 +328,24 @@ class KafkaSource(EntrySource):
     def _topic_id(self) -> str | None:
         """The topic's ID (Kafka's UUID of this incarnation of the name), ``None`` where the
         broker does not say (before KIP-516) or the client cannot ask."""
+        from concurrent.futures import TimeoutError as FutureTimeout
+
         from confluent_kafka import KafkaException, TopicCollection
         from confluent_kafka.admin import AdminClient
 
-        admin = AdminClient({"bootstrap.servers": self.kafka.bootstrap_servers,
-                             "socket.timeout.ms": int(TIMEOUT_S * 1000), "log_level": 3, **self.kafka.options})
+        admin = AdminClient(self._client_config())
         try:
             found = admin.describe_topics(TopicCollection([self.topic]), request_timeout=TIMEOUT_S)
-            topic_id = found[self.topic].result(timeout=TIMEOUT_S).topic_id
-        except (KafkaException, KeyError, TimeoutError, TypeError, ValueError) as exc:
-            log.debug("%s: no topic ID (%s)", self._where(), exc)
+            # in slices: a client the brokers refuse (credentials, TLS) stops at once
+            topic_id = self._asked(admin, found[self.topic].result, (FutureTimeout, TimeoutError)).topic_id
+        except (KafkaException, KeyError, TimeoutError, FutureTimeout, TypeError, ValueError) as exc:
+            log.debug("%s: no topic ID (%s)", self._where(), self._scrub(str(exc)))
             return None
+        except SourceError as exc:
+            # refused: an AdminClient has no close(); dropped here and from the error's traceback,
+            # it stops retrying the brokers at once, not whenever the error is collected
+            admin = found = None
+            raise exc.with_traceback(None) from None
         text = str(topic_id) if topic_id is not None else ""
         return text if text and set(text) != {"0"} else None
 
@@ -341,7 +489,7 @@ class KafkaSource(EntrySource):
             "startingOffsets": json.dumps({self.topic: {str(p): r[0] for p, r in ranges.items()}}),
             "endingOffsets": json.dumps({self.topic: {str(p): r[1] for p, r in ranges.items()}}),
             "failOnDataLoss": "true",  # checked retained just before: a gap now is a real loss
-            **{f"kafka.{k}": v for k, v in self.kafka.options.items()},
+            **{f"kafka.{k}": v for k, v in self._settings[1].items()},
         }
         records = spark.read.format("kafka").options(**options).load()
         # A chunk skipped on purpose leaves a hole in its partition's range: only records inside
