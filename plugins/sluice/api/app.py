@@ -169,21 +169,17 @@ def group_view(epochs: list[Epoch]) -> dict[str, Any]:
 def controllers_now(halted: str | None, verdict: Any) -> dict[str, Any]:
     """What the controllers would do now, from the one ``halted`` the payload carries: ``mode``
     halted, start or wait, and ``reason`` in words (never a Python ``None``)."""
-    plan = verdict.plan()
-    decided = verdict.decision.reason
+    plan = verdict.plan()  # its reason: "<rule>: <decision>", or "waiting: <decision>"
+    reason = plan["reason"]
     if halted:
         mode, fire = "halted", None
         reason = f"halted: {halted}; the sensor starts nothing until an operator acts"
-    elif verdict.fire:
-        mode, fire = "start", verdict.fire
-        reason = f"{verdict.fire}: {decided}"
     else:
-        mode, fire = "wait", None
-        reason = f"waiting: {decided}"
+        mode, fire = ("start", verdict.fire) if verdict.fire else ("wait", None)
     started = dict(plan["started"])
     if halted:
         started.update(rule=None, explanation=reason)
-    return dict(plan, fire=fire, mode=mode, reason=reason, decision_reason=decided, started=started)
+    return dict(plan, fire=fire, mode=mode, reason=reason, decision_reason=verdict.decision.reason, started=started)
 
 
 @app.get("/pipelines/{dag_id}/control", dependencies=CAN_READ)
