@@ -60,7 +60,8 @@ def meta(**fields: Any) -> str:
 
 def scenario(side: Side, root: str) -> list[tuple[str, Any]]:
     """Create, txn skip, fence, an older token refused, RESTORE (fenced, keeping the txn), a
-    restore under an older token refused, merge-add, a restore raced by a concurrent commit."""
+    restore under an older token refused, merge-add, a table born fenced (made under a txn), a
+    restore raced by a concurrent commit."""
     t, path, agg = side.tables, f"{root}/t", f"{root}/agg"
     t.create(path, side.frame([]), metadata=meta(token=1, created=True, epochs=[]))
     side.look("created", path)
@@ -94,6 +95,17 @@ def scenario(side: Side, root: str) -> list[tuple[str, Any]]:
         if step == "delta.w.restore:commit":
             boundary.HOOK = None
             t.fence(agg, Txn(APP, token(4)), meta(token=4, fence=True, epochs=[]))
+
+    born = f"{root}/born"
+    side.seen.append(("a table made under a txn", t.create(
+        born, side.frame([]), metadata=meta(token=5, created=True, epochs=[]), txn=Txn(APP, token(5)))))
+    side.look("born fenced at token 5", born)
+    t.write(born, side.frame([{"k": "z", "n": 9}]), APPEND, txn=Txn(APP, token(4, 0)),
+            metadata=meta(token=4, epoch=0, epochs=[[0, 0, 1]]))
+    side.look("an older token's first write is skipped", born)
+    side.seen.append(("made again", t.create(
+        born, side.frame([]), metadata=meta(token=6, created=True, epochs=[]), txn=Txn(APP, token(6)))))
+    side.look("a table that exists is left as it is", born)
 
     boundary.HOOK = racing_fence
     try:

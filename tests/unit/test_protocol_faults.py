@@ -188,6 +188,60 @@ def test_a_zombie_paused_before_its_first_write_to_a_new_table_is_refused(world)
     assert_oracle(w)
 
 
+def test_a_new_pipelines_tables_are_born_fenced_and_need_no_fence_commit(world):
+    """(issue 39) A first group fenced every table with an empty commit after making it: a
+    second commit per table, and a second snapshot state to compute before the write (~0.6 s a
+    table on Spark). A table is born fenced now: its creation records the token, and an older
+    token's write (a zombie of a lost store) is skipped by Delta as after a fence."""
+    from sluice.model import Txn
+    from sluice.protocol.tables import pipeline_tables
+
+    w = world()
+    w.land(2)
+    first = once(w, "cli:f:1")
+    w.sched.run_until(first, at("delta.w.write:begin"))  # tables made, attempt counted, reconciled
+    token = w.store().pipeline_state(PIPELINE).fence
+    tables = pipeline_tables(w.spec)
+    for table in tables:
+        commits = list(w.tables.lineage(table.path))
+        assert [(c.version, c.fence) for c in commits] == [(0, False)], f"{table.name}: {commits}"
+        assert w.tables.txn_version(table.path, table.app_id(0)) == rules.txn_version(token, -1), table.name
+    sink = tables[-1]
+    w.tables.write(sink.path, [], sink.shape, txn=Txn(sink.app_id(0), rules.txn_version(token - 1, 5)),
+                   metadata="{}")  # an older token, a later epoch: skipped, as after a fence
+    assert w.tables.version(sink.path) == 0
+    w.sched.run_until(first)
+    assert first.error is None, first.error
+    assert_oracle(w)
+
+
+def test_a_store_lost_while_a_group_is_published_leaves_no_record_without_its_files(world, tmp_path):
+    """The simulation (seed 810985104): the store was replaced between a publish's lease check
+    and its read of the manifest, so the epoch record listed 0 files for offsets [0, 3), and
+    every ``rebuild-store`` refused that record: the pipeline could never run again. The
+    manifest is read with the group now, and a record that would not list its range's files is
+    refused."""
+    w = world()
+    w.land(3)
+    run = once(w, "cli:g:1")
+    w.sched.run_until(run, at("store.r.publish"))
+    w.sched.run_until(run, lambda step: not step.startswith("store.r.publish"))  # past the lease check
+    folder = tmp_path / "lost"
+    folder.mkdir()
+    w.lose_store(template(folder))
+    w.store()  # another process opens the store: this one's pooled connections go to the new file
+    w.sched.run_until(run)
+    found, _ = records.read(w.tables, [s.path for s in w.spec.sinks])
+    assert found, "the group's records were written from the store it was read from"
+    assert all(len(r.files) == r.end - r.start for r in found), [(r.path, len(r.files), r.start, r.end) for r in found]
+    rebuild = actors.rebuild_run(w, "rebuild_1")
+    w.sched.drain()
+    assert rebuild.result == "rebuilt", rebuild.note
+    settle(w)
+    assert drain(w)
+    assert_oracle(w)
+
+
 def test_recover_reconciles_tables_on_any_storage(world):
     """(e) ``attempted_before`` read only local tables' logs, and ``sluice_recover`` reset the
     attempt counts: on s3a/abfss tables a recovered group was written twice (488 of 244). An

@@ -23,6 +23,7 @@ Examples (the twin; ``SparkTables(spark)`` answers the same)::
     >>> from sluice.model import Txn
     >>> tables = TwinTables()
     >>> tables.create("t", like=[])
+    True
     >>> tables.write("t", [{"k": 1}], APPEND, txn=Txn("app", 5), metadata="{}")
     >>> tables.write("t", [{"k": 1}], APPEND, txn=Txn("app", 5), metadata="{}")  # a replay: skipped
     >>> tables.version("t"), tables.txn_version("t", "app")
@@ -107,9 +108,12 @@ class Tables(ABC):
 
     @abstractmethod
     def create(self, path: str, like: Any, partition_by: Sequence[str] = (), metadata: str | None = None,
-               shape: TableShape | None = None) -> None:
+               shape: TableShape | None = None, txn: Txn | None = None) -> bool:
         """Create the table empty, with ``like``'s schema, unless it exists (a commit of its own,
-        with ``metadata`` as its ``userMetadata``); an upsert ``shape`` adds its tombstone flag."""
+        with ``metadata`` as its ``userMetadata``); an upsert ``shape`` adds its tombstone flag.
+        With ``txn`` the creation commit records it: the table is born fenced, and no write of
+        an older token ever lands in it. Returns whether this call made the table (its version
+        0 is this commit); a table that exists is left as it is."""
 
     @abstractmethod
     def txn_version(self, path: str, app_id: str) -> int | None:

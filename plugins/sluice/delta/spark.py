@@ -244,9 +244,9 @@ class SparkTables(Tables):
     # -- writes ------------------------------------------------------------------------------
 
     def create(self, path: str, like: Any, partition_by: Sequence[str] = (), metadata: str | None = None,
-               shape: TableShape | None = None) -> None:
+               shape: TableShape | None = None, txn: Txn | None = None) -> bool:
         if self.exists(path):
-            return
+            return False
         if shape is not None and shape.mode == "upsert" and upsert.DELETED not in like.columns:
             from pyspark.sql import functions as F
 
@@ -255,6 +255,8 @@ class SparkTables(Tables):
                 seq = F.col(f"`{shape.sequence_by}`")
                 like = (like.withColumn(upsert.VALID_FROM, seq).withColumn(upsert.VALID_TO, seq)
                         .withColumn(upsert.CURRENT, F.lit(False)))
+        if txn is not None:
+            return self._create_fenced(path, like, partition_by, metadata, txn)
         conf = self.spark.conf
         if metadata is not None:
             conf.set(_TXN_CONFS[2], metadata)
@@ -263,17 +265,45 @@ class SparkTables(Tables):
                 partitioned = f" PARTITIONED BY ({', '.join(f'`{c}`' for c in partition_by)})" if partition_by else ""
                 self.spark.sql(f"CREATE TABLE IF NOT EXISTS {table_ref(path)} ({like.schema.toDDL()}) "
                                f"USING delta{partitioned}")
-                return
+                return True
             from delta.tables import DeltaTable
 
             builder = DeltaTable.createIfNotExists(self.spark).location(path).addColumns(like.schema)
             (builder.partitionedBy(*partition_by) if partition_by else builder).execute()
+            return True
         except Exception:
             if not self.exists(path):  # created by a concurrent run: what IF NOT EXISTS means
                 raise
+            return False
         finally:
             if metadata is not None:
                 conf.unset(_TXN_CONFS[2])
+
+    def _create_fenced(self, path: str, like: Any, partition_by: Sequence[str], metadata: str | None,
+                       txn: Txn) -> bool:
+        """Create the table by an empty append carrying ``txn``: Delta records a txn only in a
+        write (a ``CREATE TABLE`` takes none), so the table's version 0 holds the token and no
+        separate fence commit, with its own snapshot state to compute, is needed. (Columns are
+        nullable in a table created by a write.) A table a concurrent run created meanwhile gets
+        the append as a fence; ours is then not its version 0."""
+        writer = (like.limit(0).write.format("delta").mode("append").option("txnAppId", txn.app_id)
+                  .option("txnVersion", txn.version))
+        if metadata is not None:
+            writer = writer.option("userMetadata", metadata)
+        (writer.partitionBy(*partition_by) if partition_by else writer).save(path)
+        return self._commit_metadata(path, 0) == metadata
+
+    def _commit_metadata(self, path: str, version: int) -> str | None:
+        """The ``userMetadata`` of commit ``version`` (a local table's log file, else the history)."""
+        if is_local(path):
+            try:
+                with open(Path(path.removeprefix("file:")) / "_delta_log" / f"{version:020d}.json") as fh:
+                    info = next((json.loads(line)["commitInfo"] for line in fh if '"commitInfo"' in line), {})
+            except (OSError, ValueError, KeyError):
+                return None
+            return info.get("userMetadata")
+        row = self.history(path).where(f"version = {int(version)}").select("userMetadata").first()
+        return None if row is None else row["userMetadata"]
 
     def warm(self, path: str) -> None:
         """Load the table's snapshot with its state (protocol, metadata, transactions: Spark jobs

@@ -182,16 +182,21 @@ class TwinTables(Tables):
         return version
 
     def create(self, path: str, like: Any, partition_by: Sequence[str] = (), metadata: str | None = None,
-               shape: TableShape | None = None) -> None:  # rows carry no schema: an upsert's flag needs none
+               shape: TableShape | None = None, txn: Txn | None = None) -> bool:
+        # (rows carry no schema: an upsert's flag needs none)
         boundary.step("delta.w.create:begin")
         existing = self._tables.get(path)
         if existing is not None and existing.commits:
-            return
+            return False
         boundary.step("delta.w.create:commit")
         table = self._tables.setdefault(path, _Table(tuple(partition_by)))
-        if table.commits:  # created meanwhile: CREATE TABLE IF NOT EXISTS is a no-op
-            return
-        self._commit(path, -1, "CREATE TABLE", metadata=metadata)
+        if table.commits:  # created meanwhile: without a txn a no-op (IF NOT EXISTS), with one
+            if txn is not None:  # an empty append to the table that is there: a fence
+                self.fence(path, txn, metadata or "{}")
+            return False
+        # Real Delta records a txn only through a write: the table is created by an empty append.
+        self._commit(path, -1, "CREATE TABLE" if txn is None else "WRITE", txn=txn, metadata=metadata)
+        return True
 
     def write(self, path: str, frame: Any, shape: TableShape, *, txn: Txn, metadata: str,
               rows: int | None = None) -> Written:

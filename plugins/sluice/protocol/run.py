@@ -27,7 +27,18 @@ from typing import TYPE_CHECKING, Any
 
 from sluice import adaptive, faults, validation
 from sluice.errors import FencedError, OperatorActionRequired, PipelineBusyError, PipelineHaltedError
-from sluice.model import COMMITTED, FAILED, PLANNED, PUBLISHED, ROLLED_BACK, Epoch, Group, Lease, LeaseOwner
+from sluice.model import (
+    COMMITTED,
+    FAILED,
+    PLANNED,
+    PUBLISHED,
+    ROLLED_BACK,
+    Epoch,
+    Group,
+    Lease,
+    LeaseOwner,
+    ManifestEntry,
+)
 from sluice.protocol import operations, planning
 from sluice.protocol.group import GroupJob
 from sluice.protocol.leases import acquire_lease
@@ -333,22 +344,28 @@ class PipelineRun:
 
     # -- 5. publish: epoch records first (idempotent), then the store; release the lease ----------
 
-    def write_epoch_records(self, group: Group) -> list[str]:
+    def write_epoch_records(self, group: Group, entries: list[ManifestEntry]) -> list[str]:
         """The JSON records of a group's epochs as published, next to each table
-        (``sluice.store.records``). Each names the files of its range, so the store (manifest
-        included) can be rebuilt from them alone. Written before the store publishes the group (and
-        again by a retry): no crash leaves a published epoch without its record."""
+        (``sluice.store.records``). Each names the files of its range (``entries``: the manifest
+        over the group's ranges, read with the group), so the store (manifest included) can be
+        rebuilt from them alone. Written before the store publishes the group (and again by a
+        retry): no crash leaves a published epoch without its record. A range the entries do not
+        cover (the store was replaced since the group was read) is refused: its record would
+        rebuild a manifest without those files."""
         from sluice.store.epoch_store import utcnow
 
-        spec, store = self.spec, self.store
+        spec = self.spec
         tables = self._runtime().tables
-        written = []
+        written: list[str] = []
         if not group.epochs:
             return written
-        first, last = min(e.start for e in group.epochs), max(e.end for e in group.epochs)
-        entries = store.manifest(spec.name, first, last)  # one read for the group's range
         files = {e.epoch_id: [[f.path, f.size, f.mtime] for f in entries if e.start <= f.position < e.end]
                  for e in group.epochs}
+        short = [e.epoch_id for e in group.epochs if len(files[e.epoch_id]) != e.end - e.start]
+        if short:
+            raise StoreLostError(f"pipeline {spec.name!r}: the epoch store at {redacted(self.store.url)} does not list "
+                                 f"the files of epochs {short} of group {group.group_id} (was it lost or replaced?); "
+                                 "no epoch record was written")
         now = utcnow()
         for sink in spec.sinks:
             for epoch in group.epochs:
@@ -365,7 +382,10 @@ class PipelineRun:
             if not tx.state().holds(lease):  # checked again, under the lock, when the group is published
                 tx.check_lease(lease)
             group = tx.group(group_id)
-        self.write_epoch_records(group)
+            # The files of the group's ranges, in the same read as the lease and the group.
+            entries = (tx.manifest(min(e.start for e in group.epochs), max(e.end for e in group.epochs))
+                       if group.epochs else [])
+        self.write_epoch_records(group, entries)
         faults.maybe_fail("before_publish")
         return self.store.finish_group(lease, group_id)
 

@@ -103,16 +103,19 @@ class PipelineTable:
         rows = tables.commit_rows(self.path, version) if rows is None else rows
         return SinkCommit(self.name, version, rows, replayed=True, keys=written.keys)
 
-    def create(self, tables: Tables, like: Any, *, generation: int, token: int) -> None:
+    def create(self, tables: Tables, like: Any, *, generation: int, token: int) -> bool:
         """Create the table empty (``like``'s schema) unless it exists; its creation names the
-        pipeline and the token (a store that lost the pipeline can tell the tables are not new)."""
-        tables.create(self.path, like, self.shape.partition_by,
-                      metadata=self.metadata([], generation, token, created=True), shape=self.shape)
+        pipeline and the token (a store that lost the pipeline can tell the tables are not new)
+        and records the token as the fence does: a table this returns True for is fenced."""
+        return tables.create(self.path, like, self.shape.partition_by,
+                             metadata=self.metadata([], generation, token, created=True), shape=self.shape,
+                             txn=Txn(self.app_id(generation), rules.txn_version(token, -1)))
 
     def fence(self, tables: Tables, generation: int, token: int) -> int | None:
         """Record ``token`` in the table under the generation's app id (an empty commit): from
         then on Delta skips or refuses every write of an older token. Returns the fence's
-        version, or ``None`` when there is no table."""
+        version, or ``None`` when there is no table. (A table ``create`` made under the same
+        token and generation was born fenced: it needs none.)"""
         if not tables.exists(self.path):
             return None
         app_id = self.app_id(generation)
