@@ -29,7 +29,7 @@ export PATH := $(VENV)/bin:$(PATH)
 export PYTHONPATH := $(CURDIR)/plugins:$(CURDIR)
 
 .PHONY: help setup venv jars kafka-jars demo demo-kafka demo-chain demo-cdc test test-full test-all sim system-packages lint kafka spark-cluster airflow generate store-rebuild bench-control bench-control-e2e \
-	bench bench-quick bench-sched bench-large-file compose-env clean backfill rollback preview-rollback recover skip-file cli
+	bench bench-quick bench-sched bench-large-file bench-slow-write compose-env clean backfill rollback preview-rollback recover skip-file cli
 
 help:
 	@echo "make demo      set up, generate YSB data, run the ysb DAG through Airflow, print results"
@@ -57,6 +57,7 @@ help:
 	@echo "make bench-quick  the same, smaller and without Airflow, about 10 min (bench/results/quick/)"
 	@echo "make compose-env  a .env with random secrets for docker-compose.yaml (kept if present)"
 	@echo "make bench-large-file  peak memory of one 0.3/1/3 GB landed file as one epoch, 1g driver (large_file.*)"
+	@echo "make bench-slow-write  a 1 GB file uploaded in place over 60 s while discovery polls: registered and read once (slow_write.*)"
 	@echo "make bench-sched  concurrent epochs (A-scheduler) and Prompt partitioning on skewed keys (sched.*)"
 	@echo "make docs      regenerate docs/pipeline-spec.md from the spec models (plugins/sluice/spec.py)"
 
@@ -261,6 +262,11 @@ bench-quick: setup
 # against a whole-file read (bench/results/large_file.*; ~5 GB of disk, ~10 min).
 bench-large-file: setup
 	@$(PY) -m bench.large_file
+
+# A 1 GB file written in place over 60 s while discovery polls every 0.5 s (source.settle_s 5):
+# registered once, read once, table equal to the oracle (bench/results/slow_write.*; ~4 min).
+bench-slow-write: setup
+	@$(PY) -m bench.slow_write
 
 bench-sched: setup
 	@$(PY) -m bench.sched
