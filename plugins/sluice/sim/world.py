@@ -105,6 +105,7 @@ class World:
         self.spec = sim_spec(root, self.config, table_root)
         self.contents: dict[str, list[str]] = {}  # every file ever landed: its lines (the oracle's input)
         self.vanished: set[str] = set()
+        self.store_lost = False  # set by lose_store: until a rebuild, the store cannot say what was read
         self.dag_runs: dict[str, Any] = {}  # owner -> the actor of that DAG run
         self.fixed = False  # the operator deployed the check that rejects INVALID records
         self.runtime = Runtime(self.tables, lambda spec, store, tables: TwinCompute(spec, store, lambda: self.fixed),
@@ -181,6 +182,8 @@ class World:
     def vanish(self) -> None:
         """A landed file is deleted before any epoch read it (it is in no planned range)."""
         store = self.store()
+        if self.store_lost and not store.knows(PIPELINE):
+            return  # the lost store's ranges are unknown until the rebuild: any file may have been read
         planned_end = store.next_offset(PIPELINE) if store.has_pipeline(PIPELINE) else 0
         registered = {e.path: e.position for e in store.manifest(PIPELINE)} if store.has_pipeline(PIPELINE) else {}
         pending = [p for p in self.contents if p not in self.vanished and registered.get(p, planned_end) >= planned_end
@@ -192,6 +195,7 @@ class World:
 
     def lose_store(self, template: Path) -> None:
         """The epoch store is lost: an empty one replaces it (a rebuild must follow)."""
+        self.store_lost = True
         path = Path(self.url.removeprefix("sqlite:///"))
         tmp = path.with_name(".lost")
         shutil.copy(template, tmp)
