@@ -71,16 +71,22 @@ def _commits(found: Iterable[tuple[int, dict[str, Any]]]) -> Iterator[TableCommi
                         info.get("operationParameters") or {})
 
 
+def local_commit_info(path: str, version: int) -> dict[str, Any] | None:
+    """The ``commitInfo`` of commit ``version`` of a local table (``None``: the file has none).
+    Raises ``OSError`` (no such commit file: cleaned up, or a checkpoint-only version) or
+    ``ValueError``/``KeyError`` (not a Delta commit file)."""
+    with open(Path(path.removeprefix("file:")) / "_delta_log" / f"{version:020d}.json") as fh:
+        return next((json.loads(line)["commitInfo"] for line in fh if '"commitInfo"' in line), None)
+
+
 def local_lineage(path: str) -> Iterator[TableCommit]:
     """The retained commits of a table on the local file system, newest first, read from its
     ``_delta_log`` lazily, one commit file at a time (no Spark)."""
-    log_dir = Path(path.removeprefix("file:")) / "_delta_log"
 
     def infos() -> Iterator[tuple[int, dict[str, Any]]]:
         for version in reversed(local_versions(path)):
             try:
-                with open(log_dir / f"{version:020d}.json") as fh:
-                    info = next((json.loads(line)["commitInfo"] for line in fh if '"commitInfo"' in line), None)
+                info = local_commit_info(path, version)
             except (OSError, ValueError, KeyError):
                 return  # a checkpoint-only version: older commits are cleaned up
             if info is not None:
@@ -297,11 +303,10 @@ class SparkTables(Tables):
         """The ``userMetadata`` of commit ``version`` (a local table's log file, else the history)."""
         if is_local(path):
             try:
-                with open(Path(path.removeprefix("file:")) / "_delta_log" / f"{version:020d}.json") as fh:
-                    info = next((json.loads(line)["commitInfo"] for line in fh if '"commitInfo"' in line), {})
+                info = local_commit_info(path, version)
             except (OSError, ValueError, KeyError):
                 return None
-            return info.get("userMetadata")
+            return (info or {}).get("userMetadata")
         row = self.history(path).where(f"version = {int(version)}").select("userMetadata").first()
         return None if row is None else row["userMetadata"]
 
