@@ -349,6 +349,7 @@ def test_readme_backfill_command_processes_the_range(spark, user):
     assert all(r["state"] == "success" for r in runs), [(r["dag_run_id"], r["state"]) for r in runs]
 
 
+@pytest.mark.variant  # ~135 s under the scheduler; CI: test_bad_input.py's same bad files, in-process
 def test_bad_input_is_rejected_line_by_line(spark, user):
     folder = user.root / "var" / "landing" / "ysb"
     good = landed(user)[0].read_text().splitlines()

@@ -74,7 +74,9 @@ def test_a_broken_spec_is_an_import_error_naming_file_and_field(tmp_path, monkey
         bad.unlink()
 
 
-@pytest.mark.parametrize("mode", ["submit", "in_process"])
+# submit (~58 s) is a further variant: CI runs spark-submit under the real scheduler
+# (test_real_airflow.py) and in test_logging.py, which `make test` runs too.
+@pytest.mark.parametrize("mode", [pytest.param("submit", marks=pytest.mark.variant), "in_process"])
 def test_dag_test_runs_one_group_per_dag_run(mode, spark):
     name = f"dagtest_{mode}"
     spec = make_pipeline(name, **{"control.epoch_files": 2, "control.group_epochs": 2, "spark.mode": mode})

@@ -158,7 +158,8 @@ def test_sigkill_between_the_restores_of_a_rerun(spark, store):
 
 @pytest.mark.postgres_variant
 @pytest.mark.spark_crash
-@pytest.mark.parametrize("point", ["after_plan", "mid_write", "after_delta_commit"])
+@pytest.mark.parametrize("point", [pytest.param("after_plan", marks=pytest.mark.variant),
+                                   pytest.param("mid_write", marks=pytest.mark.variant), "after_delta_commit"])
 def test_injected_exception_then_rerun_is_exactly_once_per_epoch_commits(point, spark, store, monkeypatch):
     spec = make_pipeline(f"raise_{point}", **{"control.epoch_files": 2, "control.group_epochs": 2,
                                                 "commit": "epoch"})
