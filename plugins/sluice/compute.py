@@ -95,6 +95,15 @@ class Compute(ABC):
     def prepare_group(self, epochs: list[Epoch]) -> Prepared:
         """Read the epochs' ranges (one scan where possible), split, transform, validate."""
 
+    def prefetch(self, epochs: list[Epoch]) -> None:  # noqa: B027  (a data plane may read in prepare_group only)
+        """Start reading the epochs' ranges now, in the background, for ``prepare_group`` of the
+        same epochs to take over. The group job calls it once their attempt is counted, before
+        it makes the tables ready and reconciles them: neither reads the source, and nothing
+        is written before both are done."""
+
+    def drop_prefetch(self) -> None:  # noqa: B027
+        """Wait for a read ``prefetch`` started that ``prepare_group`` did not take, and free it."""
+
     @abstractmethod
     def prepare_epoch(self, epoch: Epoch, *, materialize: bool = False, weight: int = 1) -> Prepared:
         """``prepare_group`` of one epoch; with ``materialize`` its outputs are computed and kept
@@ -117,6 +126,31 @@ class Compute(ABC):
 
 
 # -- Spark -----------------------------------------------------------------------------------------
+
+@dataclass
+class _Read:
+    """A group's ranges read into the cache and counted per epoch (``SparkCompute._read``)."""
+
+    ranges: list[EpochRange]
+    t0: float
+    records: Any = None  # the cached records, each tagged with its epoch
+    tagged: Any = None  # ``records`` with the reason each rejected one is rejected for
+    n_input: dict[int, int] = field(default_factory=dict)
+    n_rejected: dict[int, int] = field(default_factory=dict)
+    read_s: float = 0.0
+    thread: threading.Thread | None = None  # a prefetch's
+    error: BaseException | None = None
+
+    def join(self) -> None:
+        if self.thread is not None:
+            self.thread.join()
+
+    def free(self) -> None:
+        self.join()
+        if self.records is not None:
+            self.records.unpersist()
+            self.records = None
+
 
 
 def load_transform(name: str) -> Callable[..., Any]:
@@ -243,6 +277,7 @@ class SparkCompute(Compute):
         self.transform = transform_for(spec)
         self.suites = {s.name: validation.load_suite(s.expectations) for s in spec.sinks if s.expectations}
         self._refs: dict[str, DataFrame] | None = None
+        self._prefetched: _Read | None = None
         self.memory = MemoryProbe(spark, spec.name)  # per group (or epoch): the controllers' memory budget
 
     @property
@@ -285,16 +320,16 @@ class SparkCompute(Compute):
                 "expectations array<string>, record string")
         return frames
 
-    def _warm(self, prepared: Prepared, frames: dict[str, Any]) -> None:
+    def _warm(self) -> list[threading.Thread]:
         """Warm the tables' snapshots (their state: Spark jobs of their own, ~0.4 s per table)
         in background threads while the group is read: a commit does not wait for it. Best
-        effort: each write loads what it needs itself."""
+        effort: each write loads what it needs itself (a table not made yet is skipped)."""
         from sluice.spark import is_connect
 
         if self.tables is None or is_connect(self.spark):
-            return
+            return []
         paths = {REJECTED: self.spec.rejected_table, **{s.name: s.path for s in self.spec.sinks}}
-        if self.spec.dedup_table is not None:
+        if self.spec.dedup is not None and self.spec.dedup_table is not None:
             paths["_dedup"] = self.spec.dedup_table
 
         def run(path: str) -> None:
@@ -304,11 +339,66 @@ class SparkCompute(Compute):
             except Exception as exc:  # the write reports it, with its context
                 log.debug("pipeline %s: table %s not warmed ahead: %s", self.spec.name, path, exc)
 
-        prepared.background = [threading.Thread(target=run, args=(paths[name],), daemon=True,
-                                                name=f"sluice-ready-{self.spec.name}-{name}")
-                               for name in frames if name in paths]
-        for thread in prepared.background:
+        threads = [threading.Thread(target=run, args=(path,), daemon=True, name=f"sluice-ready-{self.spec.name}-{name}")
+                   for name, path in paths.items()]
+        for thread in threads:
             thread.start()
+        return threads
+
+    def _read(self, read: _Read) -> _Read:
+        """One job reads the ranges into the cache and counts input and rejected records per
+        epoch."""
+        from pyspark.sql import functions as F
+
+        self.memory.start()
+        read.records = self.source.read_epochs(self.spark, read.ranges).persist()
+        read.tagged = tag_rejected(read.records, self.spec)
+        counts = read.tagged.groupBy("_epoch").agg(F.count(F.lit(1)).alias("n"), F.count("_reason").alias("r"))
+        for row in counts.collect():
+            read.n_input[int(row["_epoch"])], read.n_rejected[int(row["_epoch"])] = row["n"], row["r"]
+        read.read_s = round(time.monotonic() - read.t0, 3)
+        return read
+
+    def prefetch(self, epochs: list[Epoch]) -> None:
+        """``_read`` in a background thread (Spark runs jobs of several threads at once) while
+        the group job makes the tables ready: a new pipeline's first group creates its tables
+        during its read. A classic session only (a Connect client reads in ``prepare_group``)."""
+        from sluice.spark import is_connect
+
+        self.drop_prefetch()
+        if is_connect(self.spark):
+            return
+        read = _Read([e.range for e in epochs], time.monotonic())
+
+        def run() -> None:
+            try:
+                self._read(read)
+            except BaseException as exc:  # raised where prepare_group takes it over
+                read.error = exc
+
+        read.thread = threading.Thread(target=run, daemon=True, name=f"sluice-read-{self.spec.name}")
+        self._prefetched = read
+        read.thread.start()
+
+    def drop_prefetch(self) -> None:
+        read, self._prefetched = self._prefetched, None
+        if read is not None:
+            read.free()
+
+    def _take_prefetch(self, epochs: list[Epoch]) -> _Read | None:
+        """The prefetched read of exactly these epochs' ranges (its error raised), or None."""
+        read = self._prefetched
+        if read is None:
+            return None
+        if read.ranges != [e.range for e in epochs]:
+            self.drop_prefetch()
+            return None
+        self._prefetched = None
+        read.join()
+        if read.error is not None:
+            read.free()
+            raise read.error
+        return read
 
     def prepare_group(self, epochs: list[Epoch]) -> Prepared:
         """Read the epochs' ranges in one scan, split off rejected records, transform and
@@ -319,24 +409,30 @@ class SparkCompute(Compute):
 
         from pyspark.sql import functions as F
 
-        t0 = time.monotonic()
-        timings: dict[str, float] = {}
-        self.memory.start()
-        records = self.source.read_epochs(self.spark, [e.range for e in epochs]).persist()
-        prepared = Prepared(list(epochs), t0, timings, cached=[records])
+        warming = self._warm()  # the tables exist by now (a prefetched read may still run)
         try:
-            tagged = tag_rejected(records, self.spec)
+            read = self._take_prefetch(epochs)
+            if read is None:
+                read = _Read([e.range for e in epochs], time.monotonic())
+                try:
+                    self._read(read)
+                except BaseException:
+                    read.free()
+                    raise
+        except BaseException:
+            for thread in warming:
+                thread.join()
+            raise
+        records, tagged, timings = read.records, read.tagged, {}
+        prepared = Prepared(list(epochs), read.t0, timings, cached=[records], background=warming,
+                            n_input=read.n_input, n_rejected=read.n_rejected)
+        try:
             valid, rejected = split_rejected(records, self.spec, epochs[0].generation, tagged=tagged)
             kept = None
             if self.spec.dedup is not None:  # the valid records whose key was not seen within the horizon
                 kept = self._deduplicate(tagged, valid.columns, prepared)
                 valid = kept.drop("_epoch")
             outputs = self._outputs(valid)
-            self._warm(prepared, {REJECTED: rejected, **outputs, **({"_dedup": None} if kept is not None else {})})
-            # One job reads the ranges into the cache and counts input and rejected records per epoch.
-            counts = tagged.groupBy("_epoch").agg(F.count(F.lit(1)).alias("n"), F.count("_reason").alias("r"))
-            for row in counts.collect():
-                prepared.n_input[int(row["_epoch"])], prepared.n_rejected[int(row["_epoch"])] = row["n"], row["r"]
             if kept is not None:
                 from sluice.dedup import kept_per_epoch
 
@@ -344,7 +440,7 @@ class SparkCompute(Compute):
                 prepared.n_deduplicated = {e.epoch_id: prepared.n_input.get(e.epoch_id, 0)
                                            - prepared.n_rejected.get(e.epoch_id, 0) - held.get(e.epoch_id, 0)
                                            for e in epochs}
-            timings["read_s"] = round(time.monotonic() - t0, 3)
+            timings["read_s"] = read.read_s
             if not self.suites:
                 prepared.rejected, prepared.outputs, prepared.committing = rejected, outputs, list(epochs)
                 return prepared

@@ -4,12 +4,14 @@ record the commit in the store. ``sluice.protocol.run`` tells the whole story an
 
 An attempt, in order:
 
-1. **Tables ready**: every table of the pipeline exists before anything is attempted (the
+1. **Tables ready**: every table of the pipeline exists before anything is written to any (the
    sinks created from the transform's output schema, ``_rejected`` and ``_quarantine`` from
    theirs), so a newer owner can always fence every one of them. A table is born fenced: its
    creation commit records this run's token (an empty append with the txn).
 2. **Attempt counted** in the store (a fenced write): a run that lost its lease stops here. An
-   attempt left open by a dead driver counts as a crash, not as a failure.
+   attempt left open by a dead driver counts as a crash, not as a failure. (``commit: group``
+   counts it before step 1, and the data plane reads the source during steps 1 and 3, which
+   read none; ``commit: epoch`` makes the tables ready first, then counts each epoch's.)
 3. **Reconcile** (if the epochs were attempted before, or nothing was published yet): record
    this run's token in every table step 1 did not create (no earlier attempt, a zombie
    included, can commit from then on), then RESTORE
@@ -117,50 +119,72 @@ class GroupJob:
         if partitions and self.spec.control.adaptive:  # the controllers' partition count (DyBBS hill climb)
             self.compute.set_partitions(int(partitions))
         todo = [e for e in group.epochs if e.state not in (COMMITTED, PUBLISHED)]
-        created: list[str] = []  # tables made here, born fenced under this lease (``ready_tables``)
         with self.runtime.keeper(self.store, lease, self.spec.control.lease_ttl_s):
-            if todo:
-                try:
-                    created = ready_tables(self.spec, self.store, self.runtime, lease, todo[0].generation)
-                except TransformError as exc:  # fails on empty input (a SQL error): a failed attempt
-                    first = todo if self.spec.commit == "group" else todo[:1]
-                    self._attempt(lease, first, reconcile=False)  # no table was written: none existed yet
-                    self._fail(lease, first, exc)
-            if self.spec.commit == "group" and todo:
-                self._attempt(lease, todo, fenced=created)
-                try:
-                    self.commit_group(lease, self.compute.prepare_group(todo))
-                except Exception as exc:
-                    self._fail(lease, todo, exc)
-            elif concurrency > 1 and len(todo) > 1:
-                self._run_concurrently(lease, todo, concurrency, fenced=created)
-            else:
-                for epoch in todo:
-                    self._attempt(lease, [epoch], fenced=created)
-                    try:
-                        committed = self.commit_epoch(lease, self.compute.prepare_epoch(epoch))
-                    except Exception as exc:
-                        self._fail(lease, [epoch], exc)
-                    if not committed:
-                        break
+            if todo and self.spec.commit == "group":
+                self._run_group_commit(lease, todo)
+            elif todo:
+                self._run_epoch_commits(lease, todo, concurrency)
         self.maybe_optimize(group)
         return self.store.group(self.spec.name, group.group_id)
 
+    def _run_epoch_commits(self, lease: Lease, todo: list[Epoch], concurrency: int) -> None:
+        """``commit: epoch``: the tables made ready once, then each epoch counted, reconciled,
+        processed and committed in order (or computed concurrently, committed in order)."""
+        try:
+            created = ready_tables(self.spec, self.store, self.runtime, lease, todo[0].generation)
+        except TransformError as exc:  # fails on empty input (a SQL error): a failed attempt
+            self._attempt(lease, todo[:1], reconcile=False)  # no table was written: none existed yet
+            self._fail(lease, todo[:1], exc)
+        if concurrency > 1 and len(todo) > 1:
+            self._run_concurrently(lease, todo, concurrency, fenced=created)
+            return
+        for epoch in todo:
+            self._attempt(lease, [epoch], fenced=created)
+            try:
+                committed = self.commit_epoch(lease, self.compute.prepare_epoch(epoch))
+            except Exception as exc:
+                self._fail(lease, [epoch], exc)
+            if not committed:
+                break
+
+    def _run_group_commit(self, lease: Lease, todo: list[Epoch]) -> None:
+        """``commit: group``: the attempt is counted first (step 2); the data plane then starts
+        reading the source (``Compute.prefetch``) while the tables are made ready (step 1) and
+        reconciled (step 3), which read no source; the group is written only after both
+        (step 4). A new pipeline's first group makes its tables during its read."""
+        must_reconcile = self._start_attempt(lease, todo)
+        self.compute.prefetch(todo)
+        try:
+            try:
+                created = ready_tables(self.spec, self.store, self.runtime, lease, todo[0].generation)
+            except TransformError as exc:  # fails on empty input (a SQL error): a failed attempt
+                self._fail(lease, todo, exc)  # no table was written: none existed yet
+            if must_reconcile:
+                self.reconcile_tables(lease, todo, created)
+            try:
+                self.commit_group(lease, self.compute.prepare_group(todo))
+            except Exception as exc:
+                self._fail(lease, todo, exc)
+        finally:
+            self.compute.drop_prefetch()
+
     # -- an attempt, and what an earlier one left in the tables --------------------------------
 
-    def _attempt(self, lease: Lease, epochs: list[Epoch], reconcile: bool = True, fenced: Collection[str] = ()) -> None:
-        """Count an attempt of ``epochs`` (refused once the pipeline is halted on them); if any
-        was attempted before, reconcile the tables first (unless ``reconcile`` is false;
-        ``fenced``: tables this lease created, see ``reconcile_tables``)."""
+    def _start_attempt(self, lease: Lease, epochs: list[Epoch]) -> bool:
+        """Count an attempt of ``epochs`` (refused once the pipeline is halted on them); whether
+        the tables must be reconciled before they are written: if any was attempted before, and
+        before the pipeline's first publish always (a run of a store that was lost may have
+        written these epochs)."""
         reason = rules.halt_reason(epochs, self.spec.control.max_attempts, self.spec.control.max_crashes)
         if reason:
             raise PipelineHaltedError(f"pipeline {self.spec.name!r} is halted: {reason}")
         published_before = self.store.start_attempt(lease, epochs)
-        if not reconcile:
-            return
-        # Reconcile what an earlier attempt may have written; before the pipeline's first
-        # publish, always (a run of a store that was lost may have written these epochs).
-        if any(e.attempts > 0 or e.state == FAILED for e in epochs) or not published_before:
+        return any(e.attempts > 0 or e.state == FAILED for e in epochs) or not published_before
+
+    def _attempt(self, lease: Lease, epochs: list[Epoch], reconcile: bool = True, fenced: Collection[str] = ()) -> None:
+        """``_start_attempt``, then reconcile the tables if it must (unless ``reconcile`` is
+        false; ``fenced``: tables this lease created, see ``reconcile_tables``)."""
+        if self._start_attempt(lease, epochs) and reconcile:
             self.reconcile_tables(lease, epochs, fenced)
 
     def reconcile_tables(self, lease: Lease, epochs: list[Epoch], fenced: Collection[str] = ()) -> dict[str, int]:
