@@ -14,6 +14,7 @@ import logging
 import sys
 import threading
 import time
+import uuid
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -138,7 +139,8 @@ class _Read:
     n_input: dict[int, int] = field(default_factory=dict)
     n_rejected: dict[int, int] = field(default_factory=dict)
     read_s: float = 0.0
-    thread: threading.Thread | None = None  # a prefetch's
+    thread: threading.Thread | None = None  # a prefetch's, its Spark jobs in job group ``job_group``
+    job_group: str = ""
     error: BaseException | None = None
 
     def join(self) -> None:
@@ -368,9 +370,10 @@ class SparkCompute(Compute):
         self.drop_prefetch()
         if is_connect(self.spark):
             return
-        read = _Read([e.range for e in epochs], time.monotonic())
+        read = _Read([e.range for e in epochs], time.monotonic(), job_group=f"sluice-read-{uuid.uuid4().hex}")
 
         def run() -> None:
+            self.spark.sparkContext.setJobGroup(read.job_group, f"sluice: read a group of {self.spec.name}", True)
             try:
                 self._read(read)
             except BaseException as exc:  # raised where prepare_group takes it over
@@ -382,8 +385,11 @@ class SparkCompute(Compute):
 
     def drop_prefetch(self) -> None:
         read, self._prefetched = self._prefetched, None
-        if read is not None:
-            read.free()
+        if read is None:
+            return
+        if read.thread is not None and read.thread.is_alive():  # not taken: the group failed before it
+            self.spark.sparkContext.cancelJobGroup(read.job_group)
+        read.free()
 
     def _take_prefetch(self, epochs: list[Epoch]) -> _Read | None:
         """The prefetched read of exactly these epochs' ranges (its error raised), or None."""
