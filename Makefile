@@ -208,10 +208,12 @@ backfill: setup
 TO_EPOCH ?=
 REASON ?=
 RECOMPUTE ?= true
+# rollback and recover go through `python -m sluice` (sluice.cli), which stamps the run's conf:
+# the operations DAGs refuse a bare `airflow dags trigger` (docs/operating.md, "Who may act").
 rollback: setup
 	@test -n "$(PIPELINE)" -a -n "$(TO_EPOCH)" -a -n "$(REASON)" || { \
 		echo "usage: make rollback PIPELINE=<name> TO_EPOCH=<n> REASON=<why> [RECOMPUTE=false]"; exit 2; }
-	@$(VENV)/bin/airflow dags trigger sluice_rollback --conf '{"pipeline": "$(PIPELINE)", "to_epoch": $(TO_EPOCH), "reason": "$(REASON)", "recompute": $(RECOMPUTE)}'
+	@$(PY) -m sluice rollback --pipeline $(PIPELINE) --to-epoch $(TO_EPOCH) --reason "$(REASON)" $(if $(filter false False 0,$(RECOMPUTE)),--no-recompute)
 
 # What that rollback (with recompute) would leave in each table, recomputed into shadow tables
 # under var/previews and compared with the published ones; changes nothing (no Airflow needed).
@@ -222,7 +224,7 @@ preview-rollback: setup
 
 recover: setup
 	@test -n "$(PIPELINE)" || { echo "usage: make recover PIPELINE=<name>"; exit 2; }
-	@$(VENV)/bin/airflow dags trigger sluice_recover --conf '{"pipeline": "$(PIPELINE)", "withdraw_rollback": $(or $(WITHDRAW),false)}'
+	@$(PY) -m sluice recover --pipeline $(PIPELINE) $(if $(filter true True 1,$(WITHDRAW)),--withdraw-rollback)
 
 skip-file: venv
 	@test -n "$(PIPELINE)" -a -n "$(FILE)" -a -n "$(REASON)" || { \

@@ -7,6 +7,10 @@
     sluice preview-rollback --pipeline P --to-epoch N      recompute into shadow tables and diff (changes nothing)
     sluice recover --pipeline P                  trigger sluice_recover in Airflow
     sluice skip-file --pipeline P --file F --reason WHY      skip a gone or unreadable file
+
+rollback, recover, skip-file and preview-rollback act on this host (it holds Airflow's
+configuration) or, with --api-url URL, through that api-server as SLUICE_API_USER (password
+SLUICE_API_PASSWORD, or SLUICE_API_TOKEN), who needs edit access to the pipeline's DAG.
     sluice rebuild-store --pipeline P            rebuild a lost epoch store from the tables' records
     sluice connect-server [--port 15002]         a Spark Connect server with sluice's settings
 
@@ -96,6 +100,8 @@ def skip_file(args: argparse.Namespace) -> Any:
     from sluice.protocol.operations import skip_file as skip
     from sluice.spec import get_spec
 
+    if args.api_url:  # sluice_skip_file on a remote Airflow, as a user who may edit the pipeline's DAG
+        return _api_action(args, "skip-file", {"file": args.file, "reason": args.reason})
     spec = get_spec(args.pipeline)
     store = _store(args)
     try:
@@ -131,20 +137,62 @@ def rebuild_store(args: argparse.Namespace) -> Any:
         runtime.close()
 
 
+def _airflow_user() -> str | None:
+    """The user ``airflow dags trigger`` records as the run's triggering user (the OS user)."""
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):
+        return None
+
+
 def _trigger(dag_id: str, conf: dict[str, Any]) -> Any:
     """Trigger an operations DAG through Airflow's own command line: the run, its lease and its
-    checks are Airflow's and sluice's as from the UI."""
+    checks are Airflow's and sluice's as from the UI. This host holds Airflow's configuration,
+    so it is trusted like the scheduler: the conf is stamped (``sluice.airflow.actions``) with
+    the OS user, whom ``airflow dags trigger`` records as the triggering user; the operations
+    DAGs refuse a run without a stamp."""
+    from sluice.airflow.actions import STAMP_KEY, stamp
+
     airflow = shutil.which("airflow") or str(Path(sys.executable).with_name("airflow"))
-    proc = subprocess.run([airflow, "dags", "trigger", dag_id, "--conf", json.dumps(conf), "--output", "json"],
+    stamped = stamp(dag_id, conf, _airflow_user(), via="cli")
+    proc = subprocess.run([airflow, "dags", "trigger", dag_id, "--conf", json.dumps(stamped), "--output", "json"],
                           capture_output=True, text=True)
     if proc.returncode != 0:
         raise SluiceError(f"airflow dags trigger {dag_id} failed: {(proc.stderr or proc.stdout).strip()[-2000:]}")
-    return {"triggered": dag_id, "conf": conf, "airflow": proc.stdout.strip()}
+    shown = {k: v for k, v in conf.items() if k != STAMP_KEY}
+    return {"triggered": dag_id, "conf": shown, "airflow": proc.stdout.strip()}
+
+
+def _api_action(args: argparse.Namespace, action: str, body: dict[str, Any]) -> Any:
+    """The action through a remote api-server: ``POST /sluice/pipelines/<p>/actions/<action>``
+    as a user (``SLUICE_API_TOKEN``, or ``SLUICE_API_USER`` and ``SLUICE_API_PASSWORD`` for
+    ``POST /auth/token``), who needs edit access to the pipeline's DAG."""
+    import httpx
+
+    url = args.api_url.rstrip("/")
+    with httpx.Client(base_url=url, timeout=60.0) as client:
+        token = os.environ.get("SLUICE_API_TOKEN")
+        if not token:
+            user, password = os.environ.get("SLUICE_API_USER"), os.environ.get("SLUICE_API_PASSWORD")
+            if not user or not password:
+                raise SluiceError("--api-url needs SLUICE_API_TOKEN, or SLUICE_API_USER and SLUICE_API_PASSWORD")
+            r = client.post("/auth/token", json={"username": user, "password": password})
+            if r.status_code not in (200, 201):
+                raise SluiceError(f"logging in to {url} as {user!r} failed: HTTP {r.status_code} {r.text[:500]}")
+            token = r.json()["access_token"]
+        r = client.post(f"/sluice/pipelines/{args.pipeline}/actions/{action}", json=body,
+                        headers={"Authorization": f"Bearer {token}"})
+    if r.status_code != 200:
+        raise SluiceError(f"{action} of {args.pipeline} refused by {url}: HTTP {r.status_code} {r.text[:1000]}")
+    return r.json()
 
 
 def rollback(args: argparse.Namespace) -> Any:
-    return _trigger("sluice_rollback", {"pipeline": args.pipeline, "to_epoch": args.to_epoch, "reason": args.reason,
-                                        "recompute": not args.no_recompute})
+    body = {"to_epoch": args.to_epoch, "reason": args.reason, "recompute": not args.no_recompute,
+            "take_over": args.take_over}
+    if args.api_url:
+        return _api_action(args, "rollback", body)
+    return _trigger("sluice_rollback", {"pipeline": args.pipeline, **body})
 
 
 def preview_rollback(args: argparse.Namespace) -> Any:
@@ -157,6 +205,8 @@ def preview_rollback(args: argparse.Namespace) -> Any:
     from sluice.spark import get_session
     from sluice.spec import get_spec
 
+    if args.api_url:  # sluice_rollback_preview on a remote Airflow
+        return _api_action(args, "rollback-preview", {"to_epoch": args.to_epoch})
     configure_job(args.verbose)
     spec = get_spec(args.pipeline)
     spark = get_session(f"sluice-preview-{spec.name}", extra_conf=spec.spark.conf)
@@ -167,7 +217,10 @@ def preview_rollback(args: argparse.Namespace) -> Any:
 
 
 def recover(args: argparse.Namespace) -> Any:
-    return _trigger("sluice_recover", {"pipeline": args.pipeline})
+    body = {"withdraw_rollback": args.withdraw_rollback, "take_over": args.take_over}
+    if args.api_url:
+        return _api_action(args, "recover", body)
+    return _trigger("sluice_recover", {"pipeline": args.pipeline, **body})
 
 
 def jars(args: argparse.Namespace) -> Any:
@@ -208,13 +261,18 @@ def _parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True, metavar="command")
 
     def command(name: str, func: Callable[[argparse.Namespace], Any], help_text: str,
-                pipeline: bool = True, store: bool = False) -> argparse.ArgumentParser:
+                pipeline: bool = True, store: bool = False, api: bool = False) -> argparse.ArgumentParser:
         sub = commands.add_parser(name, help=help_text, description=func.__doc__ or help_text)
         sub.set_defaults(func=func)
         if pipeline:
             sub.add_argument("--pipeline", required=True)
         if store:
             sub.add_argument("--store-url", help="epoch store URL (default: $SLUICE_STORE_URL, else the usual lookup)")
+        if api:
+            sub.add_argument("--api-url", default=os.environ.get("SLUICE_API_URL"),
+                             help="act through this Airflow api-server (POST /sluice/pipelines/<p>/actions/...) "
+                                  "as SLUICE_API_USER/SLUICE_API_PASSWORD (or SLUICE_API_TOKEN), who needs edit "
+                                  "access to the pipeline's DAG; default $SLUICE_API_URL, else locally")
         return sub
 
     sub = command("run-group", run_group, "run one group of epochs in one Spark application", store=True)
@@ -229,7 +287,7 @@ def _parser() -> argparse.ArgumentParser:
                      help="with --plan: JSON recorded in the group's plan (the controllers' decision)")
     sub.add_argument("--verbose", action="store_true", help=VERBOSE_HELP)
 
-    sub = command("skip-file", skip_file, "skip a gone or unreadable file, recorded", store=True)
+    sub = command("skip-file", skip_file, "skip a gone or unreadable file, recorded", store=True, api=True)
     sub.add_argument("--file", required=True, help="the file's path (absolute, or relative to the landing folder)")
     sub.add_argument("--reason", required=True, help="why; recorded with who and when")
     sub.add_argument("--by", help="who skips it (default: cli:<user>)")
@@ -237,17 +295,22 @@ def _parser() -> argparse.ArgumentParser:
     sub = command("rebuild-store", rebuild_store, "rebuild a lost epoch store from the tables' records", store=True)
     sub.add_argument("--verbose", action="store_true", help=VERBOSE_HELP)
 
-    sub = command("rollback", rollback, "trigger sluice_rollback in Airflow")
+    take_over = "take the lease from the pipeline's own DAG runs; only when none runs"
+    sub = command("rollback", rollback, "trigger sluice_rollback in Airflow", api=True)
     sub.add_argument("--to-epoch", type=int, required=True, help="the first epoch rolled back (it and every later one)")
     sub.add_argument("--reason", required=True)
     sub.add_argument("--no-recompute", action="store_true", help="remove the epochs' rows; do not recompute them")
+    sub.add_argument("--take-over", action="store_true", help=take_over)
 
     sub = command("preview-rollback", preview_rollback, "recompute a rollback's epochs into shadow tables and diff "
-                  "them with the published ones (changes nothing)", store=True)
+                  "them with the published ones (changes nothing)", store=True, api=True)
     sub.add_argument("--to-epoch", type=int, required=True, help="the first epoch rolled back (it and every later one)")
     sub.add_argument("--verbose", action="store_true", help=VERBOSE_HELP)
 
-    command("recover", recover, "trigger sluice_recover in Airflow (rerun failed or unfinished epochs)")
+    sub = command("recover", recover, "trigger sluice_recover in Airflow (rerun failed or unfinished epochs)", api=True)
+    sub.add_argument("--withdraw-rollback", action="store_true",
+                     help="first withdraw a recorded rollback whose restores never started, instead of finishing it")
+    sub.add_argument("--take-over", action="store_true", help=take_over)
     command("jars", jars, "fetch the Delta and Kafka jars into the jars folder (once; Maven Central)", pipeline=False)
 
     sub = command("connect-server", connect_server, "a Spark Connect server with sluice's settings", pipeline=False)

@@ -85,14 +85,19 @@ def airflow_command() -> str:
 def migrated_db(dest: Path) -> Path:
     """Copy a migrated SQLite metadata DB to ``dest`` (when it is not there yet): migrating
     costs seconds a server start need not pay. The template is made once per Airflow version
-    under ``var/test-cache/`` (a file lock makes the two test workers wait for one migration)."""
+    under ``var/test-cache/`` (a file lock makes the two test workers wait for one migration);
+    with the FAB provider installed, ``db migrate`` makes its tables too, so that template is
+    another (``tests/airflow/fab.py`` needs them; a template from before FAB has none)."""
+    import importlib.util
+
     from airflow import __version__
 
     if dest.exists():
         return dest
     cache = Path(__file__).resolve().parents[2] / "var" / "test-cache"
     cache.mkdir(parents=True, exist_ok=True)
-    template = cache / f"airflow-{__version__}.db"
+    fab = "-fab" if importlib.util.find_spec("airflow.providers.fab") else ""
+    template = cache / f"airflow-{__version__}{fab}.db"
     with (cache / "airflow.lock").open("w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not template.exists():

@@ -19,6 +19,15 @@ def dagbag():
     return DagBag()
 
 
+def authorized(dag_id: str, conf: dict) -> dict:
+    """An operations DAG's conf, stamped as the action route and the command line stamp it
+    (``sluice.airflow.actions``; ``dag.test()`` records its runs as triggered by ``dag_test``):
+    its tasks refuse a run without."""
+    from sluice.airflow.actions import stamp
+
+    return stamp(dag_id, conf, "dag_test", via="test")
+
+
 def test_every_spec_becomes_a_dag_without_import_errors():
     make_pipeline("dag_shape")
     make_pipeline("dag_no_triggerer", **{"control.sensor_mode": "reschedule"})
@@ -135,11 +144,13 @@ def test_sluice_skip_file_dag_records_who_when_why():
     log.register_files(spec.name, [(str(path), path.stat().st_size, path.stat().st_mtime)])
     dag = dagbag().dags.get("sluice_skip_file")
     assert dag.is_paused_upon_creation is False and "take_over" not in dag.params
-    dr = dag.test(run_conf={"pipeline": spec.name, "file": path.name, "reason": "truncated upload"})
+    dr = dag.test(run_conf=authorized("sluice_skip_file", {"pipeline": spec.name, "file": path.name,
+                                                         "reason": "truncated upload"}))
     assert dr.state == "success"
     skipped = log.manifest(spec.name)[0].skipped
     assert skipped.reason == "truncated upload" and skipped.by.startswith("airflow:sluice_skip_file:")
-    dr = dag.test(run_conf={"pipeline": spec.name, "file": "never-landed.json", "reason": "typo"})
+    dr = dag.test(run_conf=authorized("sluice_skip_file", {"pipeline": spec.name, "file": "never-landed.json",
+                                                         "reason": "typo"}))
     assert dr.state == "failed", "a file that is not in the manifest is refused"
     log.close()
 
@@ -179,12 +190,12 @@ def test_halted_pipeline_then_sluice_rollback_and_sluice_recover_dags(spark):
     assert log.lease_holder(name) is None, "a failed run gives its lease up"
     with pytest.raises(PipelineHaltedError):
         PipelineRun(spec, log, "probe").plan()
-    dr = bag.dags["sluice_recover"].test(run_conf={"pipeline": name})
+    dr = bag.dags["sluice_recover"].test(run_conf=authorized("sluice_recover", {"pipeline": name}))
     assert {ti.task_id: ti.state for ti in dr.get_task_instances()}["validate"] == "failed"
 
     make_pipeline(name, **overrides)  # the fix
-    dr = bag.dags["sluice_rollback"].test(run_conf={"pipeline": name, "to_epoch": 1, "reason": "fixed transform",
-                                                   "recompute": True})
+    dr = bag.dags["sluice_rollback"].test(run_conf=authorized("sluice_rollback", {
+        "pipeline": name, "to_epoch": 1, "reason": "fixed transform", "recompute": True}))
     states = {ti.task_id: ti.state for ti in dr.get_task_instances()}
     assert set(states.values()) == {"success"}, states
     assert log.generation(name) == 1

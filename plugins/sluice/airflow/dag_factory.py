@@ -20,6 +20,7 @@ from airflow.providers.standard.operators.python import ShortCircuitOperator
 from airflow.providers.standard.operators.trigger_dagrun import TriggerDagRunOperator
 from airflow.sdk import DAG, Asset, AssetAny, AssetWatcher, Param
 
+from sluice.airflow.actions import authorize_task
 from sluice.airflow.operators import (
     TABLE_CHANGES,
     CheckpointOperator,
@@ -258,6 +259,7 @@ def build_skip_file_dag(specs: dict[str, PipelineSpec]) -> DAG:
 
 def _recompute(**context: Any) -> bool:
     """Acknowledge the rollback's Asset events (it succeeded); go on to the recompute if asked."""
+    authorize_task(context)  # as every task of an operations DAG (``sluice.airflow.actions``)
     acknowledge_changes(context, context["params"]["pipeline"], "rollback", "changes")
     return bool(context["params"]["recompute"])
 

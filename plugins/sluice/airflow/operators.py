@@ -21,6 +21,7 @@ from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOpe
 from airflow.sdk import Asset, AssetAlias, BaseOperator
 from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
+from sluice.airflow.actions import UnauthorizedRunError, authorize_task
 from sluice.airflow.hooks import SluiceStoreHook
 from sluice.errors import OperatorActionRequired, PipelineBusyError, SluiceError
 from sluice.logs import quiet_libraries
@@ -161,10 +162,21 @@ class _SluiceOperator(BaseOperator):
     def execute(self, context: Any) -> Any:
         quiet_libraries()  # the task log shows sluice's lines, not Great Expectations' import chatter
         try:
+            self.authorize(context)
             return self.act(context)
-        except self.fail_fast as exc:
+        except self.fail_fast as exc:  # an UnauthorizedRunError is an OperatorActionRequired
             self.log.error("%s", exc)
             raise AirflowFailException(str(exc)) from None
+
+    def authorize(self, context: Any) -> None:
+        """In an operations DAG, before anything is changed: the run was started through the
+        per-pipeline route or the local command line, for the pipeline this task acts on
+        (``sluice.airflow.actions``); otherwise ``UnauthorizedRunError``."""
+        stamped = authorize_task(context)
+        pipeline = getattr(self, "pipeline", None)
+        if stamped is not None and pipeline is not None and pipeline != stamped["pipeline"]:
+            raise UnauthorizedRunError(f"pipeline {pipeline!r}: this task would act on {pipeline!r}, but its run "
+                                       f"was authorized for {stamped['pipeline']!r}; nothing was changed")
 
     def act(self, context: Any) -> Any:
         raise NotImplementedError
@@ -315,8 +327,8 @@ def require_second_person(pipeline: str, requester: str | None, approver: str | 
     if not requester:
         raise ApprovalRefusedError(f"pipeline {pipeline!r}: the rollback run does not say who triggered it, so "
                                    "no approval can be told to come from a second person; nothing was changed. "
-                                   "Trigger sluice_rollback as a logged-in user (the UI, the REST API with a "
-                                   "user's token, or the sluice console)")
+                                   "Roll back as a logged-in user: the sluice console, or POST "
+                                   f"/sluice/pipelines/{pipeline}/actions/rollback with a user's token")
     if not approver:
         raise ApprovalRefusedError(f"pipeline {pipeline!r}: the rollback has no recorded approval; nothing was "
                                    "changed. Trigger sluice_rollback again and have a second person approve it")

@@ -11,17 +11,24 @@ source only (the rollback task checks the Delta tables again before it changes a
 ``GET /sluice/pipelines/{dag_id}/shadow-previews`` the kept reports of ``sluice_rollback_preview``
 (the rollback's epochs recomputed into shadow tables and compared with the published ones).
 
+Operator actions: ``POST /sluice/pipelines/{dag_id}/actions/{action}`` (``rollback``,
+``rollback-preview``, ``recover``, ``skip-file``; a JSON body of the action's parameters,
+``sluice.airflow.actions``) asks for **edit** access to the pipeline's own DAG and creates a run
+of the operations DAG (``sluice_rollback``, ``sluice_rollback_preview``, ``sluice_recover``,
+``sluice_skip_file``) itself, recorded as triggered by the user, its conf stamped so that its
+tasks know it was authorized for this pipeline: a run triggered on an operations DAG directly
+is refused by its tasks before they change anything. Answers ``{dag_id, dag_run_id}`` as
+Airflow's own trigger route does.
+
 The console, pages the Airflow UI shows in a frame (``external_views`` in ``sluice_plugin``):
 ``GET /sluice/ui`` lists the pipelines, ``GET /sluice/ui/{dag_id}`` is a pipeline's page. The
-page reads the routes above and starts operator actions by triggering ``sluice_rollback``,
-``sluice_rollback_preview``, ``sluice_recover`` or ``sluice_skip_file`` through Airflow's own
-REST API, so Airflow checks that the user may trigger them and records who did.
+page reads the routes above and starts operator actions through the action routes.
 
 Behind Airflow's auth: plugin apps are mounted outside the core API, whose dependencies never
 reach them, so every route here asks for the user itself (a Bearer JWT, or the UI's session
-cookie) and for read access to the pipeline's DAG (its id is the pipeline's name), as the core
-API's DAG routes do: 401 without a valid token, 403 without access. Reads only: no route
-writes to the store.
+cookie) and for read access to the pipeline's DAG (its id is the pipeline's name), edit access
+for an action, as the core API's DAG routes do: 401 without a valid token, 403 without access.
+No route writes to the store; an action's run does, once its tasks run.
 """
 
 from __future__ import annotations
@@ -37,6 +44,17 @@ from fastapi import Depends, FastAPI, HTTPException, Query, Request
 from fastapi.responses import HTMLResponse
 
 from sluice import protocol
+from sluice.airflow.actions import (
+    ACTIONS,
+    STAMP_KEY,
+    RecoverBody,
+    RollbackBody,
+    RollbackPreviewBody,
+    SkipFileBody,
+    UnauthorizedRunError,
+    action_conf,
+    stamp,
+)
 from sluice.errors import SluiceError
 from sluice.model import RollbackIntent
 from sluice.spec import get_spec, load_pipeline_specs
@@ -46,6 +64,8 @@ app = FastAPI(title="sluice epoch store")
 
 #: Read access to the DAG named by the route's ``dag_id`` (the pipeline).
 CAN_READ = [Depends(requires_access_dag("GET"))]
+#: Edit access to it: what an operator action on the pipeline asks for.
+CAN_EDIT = [Depends(requires_access_dag("PUT"))]
 
 
 def readable(request: Request, user: GetUserDep, name: str) -> bool:
@@ -322,3 +342,61 @@ def console_list(user: GetUserDep) -> HTMLResponse:
 def console_page(dag_id: str) -> HTMLResponse:
     """A pipeline's console page (the Airflow UI shows it as a tab of the pipeline's DAG)."""
     return _page(dag_id)
+
+
+# -- operator actions ------------------------------------------------------------------------
+
+
+def start_action(request: Request, user: Any, pipeline: str, action: str, body: Any) -> dict[str, Any]:
+    """Create the run of the action's operations DAG, as the user, its conf stamped
+    (``sluice.airflow.actions``). The caller's dependencies checked edit access to ``pipeline``."""
+    from airflow.api.common.trigger_dag import trigger_dag
+    from airflow.exceptions import DagNotFound, DagRunAlreadyExists
+    from airflow.utils.types import DagRunTriggeredByType
+
+    _spec_or_404(pipeline)
+    dag_id = ACTIONS[action][0]
+    name = user.get_name()
+    try:
+        conf = stamp(dag_id, action_conf(action, pipeline, body), name, via="api")
+    except UnauthorizedRunError as exc:  # no secret configured
+        raise HTTPException(status_code=503, detail=str(exc)) from None
+    by = DagRunTriggeredByType.UI if request.headers.get("referer") else DagRunTriggeredByType.REST_API
+    try:
+        run = trigger_dag(dag_id, triggered_by=by, triggering_user_name=name, conf=conf,
+                          note=f"{action} of {pipeline}, by {name} through sluice (edit access to DAG {pipeline})")
+    except DagNotFound:
+        raise HTTPException(status_code=503, detail=f"the operations DAG {dag_id} is not parsed yet (is "
+                                                    f"dags/sluice_operations.py in the DAGs folder?)") from None
+    except DagRunAlreadyExists as exc:
+        raise HTTPException(status_code=409, detail=str(exc)) from None
+    except ValueError as exc:  # ParamValidationError: e.g. a pipeline the operations DAG was not parsed with yet
+        raise HTTPException(status_code=409, detail=f"{dag_id} refused the run: {exc}") from None
+    return {"dag_id": run.dag_id, "dag_run_id": run.run_id, "pipeline": pipeline, "action": action,
+            "state": str(getattr(run.state, "value", run.state)), "triggering_user_name": run.triggering_user_name,
+            "conf": {k: v for k, v in (run.conf or {}).items() if k != STAMP_KEY}}
+
+
+@app.post("/pipelines/{dag_id}/actions/rollback", dependencies=CAN_EDIT)
+def act_rollback(dag_id: str, body: RollbackBody, request: Request, user: GetUserDep) -> dict[str, Any]:
+    """Roll the pipeline back to ``to_epoch`` (``sluice_rollback``)."""
+    return start_action(request, user, dag_id, "rollback", body)
+
+
+@app.post("/pipelines/{dag_id}/actions/rollback-preview", dependencies=CAN_EDIT)
+def act_rollback_preview(dag_id: str, body: RollbackPreviewBody, request: Request,
+                         user: GetUserDep) -> dict[str, Any]:
+    """Recompute a rollback's epochs into shadow tables and diff (``sluice_rollback_preview``)."""
+    return start_action(request, user, dag_id, "rollback-preview", body)
+
+
+@app.post("/pipelines/{dag_id}/actions/recover", dependencies=CAN_EDIT)
+def act_recover(dag_id: str, body: RecoverBody, request: Request, user: GetUserDep) -> dict[str, Any]:
+    """Rerun failed or unfinished epochs with their recorded ranges (``sluice_recover``)."""
+    return start_action(request, user, dag_id, "recover", body)
+
+
+@app.post("/pipelines/{dag_id}/actions/skip-file", dependencies=CAN_EDIT)
+def act_skip_file(dag_id: str, body: SkipFileBody, request: Request, user: GetUserDep) -> dict[str, Any]:
+    """Skip a gone or unreadable file, recorded (``sluice_skip_file``)."""
+    return start_action(request, user, dag_id, "skip-file", body)
