@@ -7,12 +7,12 @@
     sluice preview-rollback --pipeline P --to-epoch N      recompute into shadow tables and diff (changes nothing)
     sluice recover --pipeline P                  trigger sluice_recover in Airflow
     sluice skip-file --pipeline P --file F --reason WHY      skip a gone or unreadable file
+    sluice rebuild-store --pipeline P            rebuild a lost epoch store from the tables' records
+    sluice connect-server [--port 15002]         a Spark Connect server with sluice's settings
 
 rollback, recover, skip-file and preview-rollback act on this host (it holds Airflow's
 configuration) or, with --api-url URL, through that api-server as SLUICE_API_USER (password
 SLUICE_API_PASSWORD, or SLUICE_API_TOKEN), who needs edit access to the pipeline's DAG.
-    sluice rebuild-store --pipeline P            rebuild a lost epoch store from the tables' records
-    sluice connect-server [--port 15002]         a Spark Connect server with sluice's settings
 
 Errors sluice raises (a busy pipeline, a bad spec, a lost file) end with one line naming the
 command and exit status 2.

@@ -297,10 +297,11 @@ class RollbackIntent:
             return (f"a store rebuild started at {self.started_at} did not finish; run `make store-rebuild "
                     "PIPELINE=<name>` (sluice rebuild-store) again to complete it")
         text = (f"a rollback to epoch {self.asked} started at {self.started_at} did not finish ({self.reason}); "
-                f"trigger sluice_rollback again with the same to_epoch to complete it")
+                f"roll back again (sluice_rollback, from the console or `make rollback`) with the same to_epoch "
+                "to complete it")
         if not self.restoring:
-            text += (", or withdraw it (no table was restored yet): trigger sluice_recover with "
-                     "withdraw_rollback=true")
+            text += (", or withdraw it (no table was restored yet): recover with withdraw_rollback=true "
+                     "(the console, or `make recover WITHDRAW=true`)")
         return text
 
 

@@ -205,16 +205,17 @@ def halt_reason(epochs: Sequence[Epoch], max_attempts: int, max_crashes: int) ->
     for e in epochs:
         if e.state == FAILED and e.validation and not all(v.get("success", True) for v in e.validation.values()):
             return (f"epoch {e.epoch_id} failed validation and the policy is `fail`: {e.error}. "
-                    "Fix the transform or the data, then trigger sluice_recover (rerun with the same ranges) "
-                    "or sluice_rollback")
+                    "Fix the transform or the data, then recover (sluice_recover: rerun with the same ranges) "
+                    "or roll back (sluice_rollback), from the console or `make recover`/`make rollback`")
     for e in epochs:
         if e.state in UNFINISHED and e.failures >= max_attempts:
             return (f"epoch {e.epoch_id} (offsets [{e.start}, {e.end})) failed {e.failures} times "
-                    f"(control.max_attempts = {max_attempts}); last error: {e.error}. Fix the cause, then trigger "
-                    "sluice_recover (or sluice_skip_file for a file that is gone or unreadable)")
+                    f"(control.max_attempts = {max_attempts}); last error: {e.error}. Fix the cause, then recover "
+                    "(sluice_recover; or skip a file that is gone or unreadable, sluice_skip_file), from the "
+                    "console or `make recover`/`make skip-file`")
         if e.state in UNFINISHED and e.crashes >= max_crashes:
             return (f"epoch {e.epoch_id} (offsets [{e.start}, {e.end})): its Spark driver died {e.crashes} times "
                     f"without reporting an error (control.max_crashes = {max_crashes}): killed, out of memory, or "
                     "its machine lost. Raise spark.driver.memory or lower control.epoch_files if it ran out of "
-                    "memory, then trigger sluice_recover")
+                    "memory, then recover (sluice_recover, from the console or `make recover`)")
     return None

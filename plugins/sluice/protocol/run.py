@@ -339,7 +339,8 @@ class PipelineRun:
             raise validation.ValidationFailedError(
                 f"pipeline {spec.name!r} halted: epoch {e.epoch_id} (offsets [{e.start}, {e.end})) failed validation "
                 f"and was not written ({validation.describe(e.validation)}). Nothing of it is in the tables. Fix the "
-                "transform or the data, then trigger sluice_recover, or sluice_rollback to an earlier epoch")
+                "transform or the data, then recover (sluice_recover), or roll back to an earlier epoch "
+                "(sluice_rollback): the console, or `make recover`/`make rollback`")
         return report
 
     # -- 5. publish: epoch records first (idempotent), then the store; release the lease ----------

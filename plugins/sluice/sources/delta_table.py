@@ -48,8 +48,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-SKIP_HINT = ("Skip the version on purpose (recorded): trigger the sluice_skip_file DAG with FILE=<the delta:// "
-             "path above>, or `make skip-file PIPELINE=<name> FILE=<path> REASON=<why>`")
+SKIP_HINT = ("Skip the version on purpose (recorded, through sluice_skip_file): the console's skip-file action "
+             "with the delta:// path above, or `make skip-file PIPELINE=<name> FILE=<path> REASON=<why>`")
 RECENT_ENTRIES = 64  # the arrivals the controllers see
 #: Timestamps cross the JSON text with their microseconds (to_json's default keeps milliseconds).
 TIMESTAMP_FORMAT = "yyyy-MM-dd'T'HH:mm:ss.SSSSSSXXX"

@@ -44,8 +44,9 @@ RELANDED_DIR = os.path.join(*RELANDED_PARTS)
 _RELANDED = re.compile(r"^(?P<stem>.*)\.relanded-(?P<mtime_ns>\d+)-(?P<size>\d+)(?P<suffix>\.[^.]*)?$")
 
 #: What an operator can do about a file that is gone, unreadable or changed.
-SKIP_HINT = ("Put the file back as it was, or skip it on purpose (recorded): trigger the sluice_skip_file DAG, "
-             "or `make skip-file PIPELINE=<name> FILE=<path> REASON=<why>`")
+SKIP_HINT = ("Put the file back as it was, or skip it on purpose (recorded, through sluice_skip_file): the "
+             "console's skip-file action, `sluice skip-file` or `make skip-file PIPELINE=<name> FILE=<path> "
+             "REASON=<why>`")
 
 
 @dataclass(frozen=True)

@@ -55,8 +55,8 @@ TIMEOUT_S = 15.0
 #: Recent chunks whose arrival times feed the controllers' arrival rate.
 RECENT_CHUNKS = 500
 
-SKIP_HINT = ("Skip the chunk on purpose (recorded): trigger the sluice_skip_file DAG with FILE=<the kafka:// "
-             "path above>, or `make skip-file PIPELINE=<name> FILE=<path> REASON=<why>`")
+SKIP_HINT = ("Skip the chunk on purpose (recorded, through sluice_skip_file): the console's skip-file action "
+             "with the kafka:// path above, or `make skip-file PIPELINE=<name> FILE=<path> REASON=<why>`")
 
 
 #: The SASL mechanisms a connection may name, and the JAAS login module each needs in Java.
