@@ -14,7 +14,10 @@ curvature carries on).
 
 ``limit(ratio)``: the largest epoch (records) whose predicted cost per record stays within
 ``ratio`` times the best measured one, walking up from the best bin; ``inf`` while nothing
-measured says the curve turns steep.
+measured says the curve turns steep. Noise is not steepness: the spread of a group's epochs
+about the curve is measured (``noise_var``), and the bound widens by two standard errors of a
+bin's average (``tolerance``), so lognormal noise of 0.3-0.4 does not read as a steep part
+while a memory cliff (4-10x) still does.
 """
 
 from __future__ import annotations
@@ -32,6 +35,8 @@ BIN_RATIO = 1.25
 LEVEL_ALPHA = 0.15
 #: Epochs a partition count is tried for before its score is trusted (one epoch is one noisy sample).
 EXPLORE_SAMPLES = 3
+#: How fast the measured noise follows (per group).
+NOISE_ALPHA = 0.2
 #: A curve whose largest size costs at most this much per record more than its cheapest is linear.
 FLAT = 1.15
 
@@ -42,6 +47,7 @@ class CostCurve:
     #: bin -> partitions -> [EWMA log records, EWMA seconds per record, samples]
     bins: dict[int, dict[int, list[float]]] = field(default_factory=dict)
     level: float = 1.0  # the bins' costs are relative to it (see ``add``)
+    noise_var: float = 0.0  # EWMA of an epoch's squared log error against the curve (its measured noise)
     _cache: tuple[int, tuple[np.ndarray, np.ndarray]] | None = field(default=None, repr=False, compare=False)
     _version: int = field(default=0, repr=False, compare=False)
     _at_cache: dict[int, tuple[int, dict[int, tuple[float, float]]]] = field(
@@ -54,7 +60,11 @@ class CostCurve:
         errors = [math.log(s / p) for n, s in zip(records, seconds, strict=True)
                   if n >= 1 and s > 0 and (p := self._predict_at(partitions, n)) is not None and p > 0]
         if errors:
-            self.level *= math.exp(LEVEL_ALPHA * max(-1.0, min(1.0, sum(errors) / len(errors))))
+            mean = sum(errors) / len(errors)
+            self.level *= math.exp(LEVEL_ALPHA * max(-1.0, min(1.0, mean)))
+            if len(errors) >= 2:  # the spread within one group: noise, not a level shift
+                var = sum((e - mean) ** 2 for e in errors) / (len(errors) - 1)
+                self.noise_var = var if not self.noise_var else NOISE_ALPHA * var + (1 - NOISE_ALPHA) * self.noise_var
         for i, (n, s) in enumerate(zip(records, seconds, strict=True)):
             self._to_bin(n, s, partitions, replace=replace and i == 0)
 
@@ -143,6 +153,12 @@ class CostCurve:
         rows = np.stack([np.ones_like(u), u, u * u], axis=1) / t[:, None]
         coef, _ = nnls(rows, np.ones_like(t))
         return float(coef[0]), float(coef[1] / scale), float(coef[2] / scale**2)
+
+    def tolerance(self) -> float:
+        """How far apart two bins' costs per record may lie by noise alone: two standard errors of
+        a bin's EWMA of lognormal epoch times with the measured spread (1 for noise-free epochs)."""
+        se = math.sqrt(min(self.noise_var, 1.0) * self.alpha / (2 - self.alpha))
+        return math.exp(2 * se)
 
     def linear(self) -> bool:
         """Whether the measurements show no superlinearity: at least 3 bins, and the cost per
@@ -315,7 +331,7 @@ class CostCurve:
         n, _ = self.curve()
         return float(n[-1]) if len(n) else 0.0
 
-    def limit(self, ratio: float) -> float:
+    def limit(self, ratio: float, measured: bool = False) -> float:
         """The largest epoch (records) not in the steep part: from the best bin upwards, where the
         predicted cost per record first exceeds ``ratio`` times the best measured one (log-linear
         between bins, the extrapolation above them); ``inf`` when the curve does not turn."""
@@ -324,18 +340,20 @@ class CostCurve:
             return math.inf
         c = t / n
         i = int(np.argmin(c))
-        bound = ratio * c[i]
+        bound = ratio * self.tolerance() * c[i]
         for j in range(i + 1, len(n)):
             if c[j] > bound:  # crossing between bins j - 1 and j, in log space
                 lo, hi = math.log(c[j - 1]), math.log(c[j])
                 frac = (math.log(bound) - lo) / (hi - lo) if hi > lo else 0.0
                 return float(math.exp(math.log(n[j - 1]) + frac * (math.log(n[j]) - math.log(n[j - 1]))))
+        if measured:  # only a steep part the bins show, not the extrapolation's
+            return math.inf
         grid = n[-1] * np.geomspace(1.0, 1e4, 200)[1:]
         over = np.nonzero(self._above(grid) / grid > bound)[0]
         return float(grid[over[0] - 1]) if over.size and over[0] > 0 else (float(n[-1]) if over.size else math.inf)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"alpha": self.alpha, "level": self.level,
+        return {"alpha": self.alpha, "level": self.level, "noise_var": self.noise_var,
                 "bins": {str(b): {str(p): v for p, v in cell.items()} for b, cell in self.bins.items()}}
 
     @classmethod
@@ -343,5 +361,6 @@ class CostCurve:
         if not data:
             return cls()
         return cls(alpha=float(data.get("alpha", 0.3)), level=float(data.get("level", 1.0)),
+                   noise_var=float(data.get("noise_var", 0.0)),
                    bins={int(b): {int(p): [float(v[0]), float(v[1]), int(v[2])] for p, v in cell.items()}
                          for b, cell in data.get("bins", {}).items()})

@@ -15,7 +15,8 @@ What is kept from the paper:
   over-estimation at large sizes);
 * slow start while a cell has fewer than 5 distinct sizes and nothing else can stand in;
 * a hill climb on the partition count (DyBBS's block interval): each neighbour of the best count
-  is tried, and the best is kept.
+  is tried, and the best is kept; never below the configured count (the cores), where cores sit
+  idle and a probe costs several times its plan.
 
 What run-once groups add: a group of ``k`` epochs pays the coordination cost ``F`` once, so the
 stability test is on the group, ``k * x / file_rate >= F + k * IsoR(x) + c``; among ``k <= k_cap``
@@ -33,7 +34,10 @@ Safety before optimality (each holds whatever the trace; ``tests/unit/test_contr
 * never into the steep part of the cost curve: an epoch's records stay below where the predicted
   cost per record exceeds ``steep_ratio`` times the best measured one, and below
   ``probe_growth`` times the largest epoch measured (twice that for work the curve shows to be
-  linear), so a superlinear workload or a memory cliff is met one bounded step at a time;
+  linear), so a superlinear workload or a memory cliff is met one bounded step at a time; where
+  the bins show a steep part, the limit holds for the densest files of the last epochs (a
+  backlog that holds a burst's files would otherwise carry its epochs into it), and the steep
+  test allows for the noise measured (``CostCurve.tolerance``: noise alone is no steep part);
 * catch-up with more epochs, not a bigger one: a backlog (catch-up, a freshness-forced group, a
   drain) is taken in epochs of a measured, efficient size, ``k`` up to ``k_max`` (Drizzle);
 * a backlog always has a rate: with nothing measured lately the backlog's records per file, else
@@ -229,6 +233,7 @@ class EpochSizeController:
         self.stable_partitions = 0
         self.fallback: str | None = None  # why the next group goes back to the last stable size
         self.last_per_file = 0.0  # records per file of the last epoch run
+        self.per_file_samples: list[float] = []  # records per file of the last epochs (COST_SAMPLES)
         self._fits: dict[tuple[int, int], tuple[tuple[int, int], tuple[np.ndarray, np.ndarray]]] = {}
 
     # -- helpers -----------------------------------------------------------------------------
@@ -385,7 +390,10 @@ class EpochSizeController:
                 x = max(x, min(limit, backlog_files // k))
             wall = float(coord + k * predict(fit, x))
             explore = self.curve.choose_partitions(x * rpf, cfg.partitions)
-            if explore is not None and explore != P and self.curve.samples(explore) < EXPLORE_SAMPLES:
+            # never explore below the configured count (the cores): fewer partitions than cores
+            # leave cores idle, and a probe there costs several times the planned wall
+            if (explore is not None and explore != P and explore >= cfg.initial_partitions
+                    and self.curve.samples(explore) < EXPLORE_SAMPLES):
                 return EpochPlan(x, k, explore, "stable, exploring partitions", wall)
             return EpochPlan(x, k, P, "stable", wall)
         if stable is not None:
@@ -557,6 +565,12 @@ class EpochSizeController:
         limit = self.size_limit_records()
         cap = self.max_files(rate_rps, file_rate)
         x_bound = cap if not math.isfinite(limit) else max(1, min(cap, int(limit // max(per_file, 1e-9))))
+        steep = self.curve.limit(self.config.steep_ratio, measured=True) if len(self.curve) else math.inf
+        if math.isfinite(steep):
+            # the steep part is kept clear for the densest files measured lately, not only
+            # today's: a backlog that holds a burst's files would otherwise carry its epochs into it
+            bound_pf = max([per_file, *self.per_file_samples])
+            x_bound = max(1, min(x_bound, int(steep // max(bound_pf, 1e-9))))
         b = rate_bin(rate_rps, self.config.rate_bin_ratio)
         bs = self.bins.get(b)
         return CatchUp(per_file=per_file, rate_per_file=max(rate_rps / file_rate, backlog_pf),
@@ -601,6 +615,8 @@ class EpochSizeController:
         missed = predicted_wall_s > 0 and wall > cfg.miss_ratio * predicted_wall_s
         if epoch_records:
             self.last_per_file = epoch_records[-1] / max(epoch_files[-1], 1)
+            self.per_file_samples += [n / max(x, 1) for n, x in zip(epoch_records, epoch_files, strict=False)]
+            del self.per_file_samples[:-COST_SAMPLES]
         if rate_rps <= 0 and epoch_records:  # the cost curve is in records: it learns without a rate
             self.curve.add_group([float(n) for n in epoch_records], [float(t) for t in epoch_s], partitions,
                                  replace=missed)
@@ -707,6 +723,7 @@ class EpochSizeController:
             "stable": {"records": self.stable_records, "partitions": self.stable_partitions},
             "fallback": self.fallback,
             "last_per_file": self.last_per_file,
+            "per_file_samples": list(self.per_file_samples),
             "bins": {
                 str(b): {
                     "partitions": s.partitions, "last_x": s.last_x,
@@ -738,6 +755,7 @@ class EpochSizeController:
         ctl.stable_records, ctl.stable_partitions = float(stable.get("records", 0.0)), int(stable.get("partitions", 0))
         ctl.fallback = data.get("fallback")
         ctl.last_per_file = float(data.get("last_per_file", 0.0))
+        ctl.per_file_samples = [float(v) for v in data.get("per_file_samples", [])]
         for b, s in data["bins"].items():
             bs = _Bin(partitions=int(s["partitions"]), last_x=int(s["last_x"]))
             for p, c in s["cells"].items():
