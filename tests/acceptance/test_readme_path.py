@@ -318,6 +318,7 @@ def test_make_rollback_recomputes(spark, user):
     assert rollback["restored_to_version"] is not None, rollback
 
 
+@pytest.mark.variant  # ~150-215 s; CI: test_real_airflow.py's backfill (a live run waits, epochs recomputed)
 def test_readme_backfill_command_processes_the_range(spark, user):
     """The README's backfill line, run by bash as printed: ysb_clean has never run, so the
     backfill plans the landed data for the first time; its table must equal the raw views."""

@@ -50,6 +50,7 @@ def store():
 
 
 @pytest.mark.spark_crash
+@pytest.mark.variant  # ~70-100 s; CI: the crash points on the Python transform, SQL in test_connect/test_dedup
 def test_sql_transform_killed_mid_group_then_rolled_back_equals_the_oracle(spark, store):
     """The YSB query as SQL (records JOIN the ads reference, GROUP BY into an aggregate sink):
     the Spark driver is SIGKILLed mid-group (the rejected table committed, the aggregate not);
