@@ -331,7 +331,7 @@ class SparkCompute(Compute):
         if self.tables is None or is_connect(self.spark):
             return []
         paths = {REJECTED: self.spec.rejected_table, **{s.name: s.path for s in self.spec.sinks}}
-        if self.spec.dedup is not None and self.spec.dedup_table is not None:
+        if self.spec.dedup_table is not None:
             paths["_dedup"] = self.spec.dedup_table
 
         def run(path: str) -> None:
@@ -349,15 +349,20 @@ class SparkCompute(Compute):
 
     def _read(self, read: _Read) -> _Read:
         """One job reads the ranges into the cache and counts input and rejected records per
-        epoch."""
+        epoch (a failed read frees its cache)."""
         from pyspark.sql import functions as F
 
         self.memory.start()
         read.records = self.source.read_epochs(self.spark, read.ranges).persist()
-        read.tagged = tag_rejected(read.records, self.spec)
-        counts = read.tagged.groupBy("_epoch").agg(F.count(F.lit(1)).alias("n"), F.count("_reason").alias("r"))
-        for row in counts.collect():
-            read.n_input[int(row["_epoch"])], read.n_rejected[int(row["_epoch"])] = row["n"], row["r"]
+        try:
+            read.tagged = tag_rejected(read.records, self.spec)
+            counts = read.tagged.groupBy("_epoch").agg(F.count(F.lit(1)).alias("n"), F.count("_reason").alias("r"))
+            for row in counts.collect():
+                read.n_input[int(row["_epoch"])], read.n_rejected[int(row["_epoch"])] = row["n"], row["r"]
+        except BaseException:
+            read.records.unpersist()
+            read.records = None
+            raise
         read.read_s = round(time.monotonic() - read.t0, 3)
         return read
 
@@ -401,8 +406,7 @@ class SparkCompute(Compute):
             return None
         self._prefetched = None
         read.join()
-        if read.error is not None:
-            read.free()
+        if read.error is not None:  # its cache freed by ``_read``
             raise read.error
         return read
 
@@ -417,14 +421,7 @@ class SparkCompute(Compute):
 
         warming = self._warm()  # the tables exist by now (a prefetched read may still run)
         try:
-            read = self._take_prefetch(epochs)
-            if read is None:
-                read = _Read([e.range for e in epochs], time.monotonic())
-                try:
-                    self._read(read)
-                except BaseException:
-                    read.free()
-                    raise
+            read = self._take_prefetch(epochs) or self._read(_Read([e.range for e in epochs], time.monotonic()))
         except BaseException:
             for thread in warming:
                 thread.join()
