@@ -298,3 +298,58 @@ def test_a_read_that_spilled_counts_as_the_whole_budget_and_a_group_shares_it():
     assert files == limit // 1000
     plan = ctl.propose(1000.0, 1.0, 10.0, k_cap=8, backlog_files=10 * files)
     assert plan.k * plan.epoch_size <= files, plan
+
+
+def test_busy_unstable_slow_start_tries_more_partitions_before_a_larger_epoch():
+    """A first group whose epochs alone fill most of their span (here ~95 %): a larger epoch
+    would amortise only the fixed cost and walks towards sizes never measured (a memory cliff);
+    the next probe keeps the size and takes the next partition count up, and a group whose
+    epochs leave room grows the epoch as before. The first group's miss (its prediction rests
+    on priors alone) is no fallback."""
+    cfg = EpochSizeConfig(partitions=(2, 4, 8), initial_partitions=2)
+    state = ControlState.new(cfg, GroupSizeConfig(k0=1))
+    rate = 1000.0
+    first = plan_next(state, Observation(rate, 1.0, 0))
+    busy = GroupResult(0, (first.epoch_size,), (0.95 * first.epoch_size,), 5.0, first.partitions, rate, 1.0,
+                       first.reason, epoch_records=(int(first.epoch_size * rate),),
+                       predicted_wall_s=first.predicted_wall_s / 10)
+    second = plan_next(state, Observation(rate, 1.0, 0, busy))
+    assert (second.epoch_size, second.partitions) == (first.epoch_size, 4), second
+    assert "fallback" not in second.reason
+    assert "busy" in state.last_note and "4 partitions" in state.last_note
+    # the same group with its epochs at 30 % of their span (the fixed cost made it unstable)
+    state = ControlState.new(cfg, GroupSizeConfig(k0=1))
+    plan_next(state, Observation(rate, 1.0, 0))
+    idle = GroupResult(0, (first.epoch_size,), (0.3 * first.epoch_size,), 30.0, first.partitions, rate, 1.0,
+                       first.reason, epoch_records=(int(first.epoch_size * rate),),
+                       predicted_wall_s=first.predicted_wall_s)
+    third = plan_next(state, Observation(rate, 1.0, 0, idle))
+    assert third.partitions == 2 and third.epoch_size > first.epoch_size, third
+
+
+def test_an_overloaded_drain_probes_a_gap_in_the_cost_curve_and_settles_at_the_cheapest_size():
+    """Join-like work measured only at 5,000 and 55,000 records (a first group, then a tiny
+    fallback): the log-log chord between them overestimates everything in the gap, where the
+    cheapest records lie (sqrt(a / c) = 10,000). Overloaded, the drain probes twice the cheapest
+    size measured, then twice that, and once the gap is closed it plans the measured optimum."""
+
+    def seconds(n: float) -> float:
+        return 2.4 + 2.4e-8 * n * n
+
+    ctl = EpochSizeController(EpochSizeConfig(partitions=(2,), initial_partitions=2))
+    for n in (5_000, 55_000):
+        for _ in range(3):
+            ctl.curve.add(n, seconds(n), 2)
+    rate, probes = 2_500.0, []
+    for _ in range(4):
+        cu = ctl._catch_up_context(rate, 1.0, 5.0, 64, 300.0, 600, None)
+        plan = ctl._catch_up_plan(cu, "overload", probe=True)
+        assert plan is not None and plan.k >= 1
+        probes.append((plan.epoch_size, "gap" in plan.reason))
+        for _ in range(3):
+            ctl.curve.add(plan.epoch_size * rate, seconds(plan.epoch_size * rate), 2)
+    # the curve's bins are log-spaced (their centres, not the exact sizes): ~10,000 then ~20,000
+    (x1, gap1), (x2, gap2), *rest = probes
+    assert gap1 and gap2 and 7_000 <= x1 * rate <= 10_000 and 1.8 * x1 <= x2 <= 2.2 * x1, probes
+    # then no probe: the cheapest measured, near the true optimum of 10,000 records
+    assert all(not gap and 7_000 <= x * rate <= 12_500 for x, gap in rest), probes

@@ -43,7 +43,11 @@ Safety before optimality (each holds whatever the trace; ``tests/unit/test_contr
 * a backlog always has a rate: with nothing measured lately the backlog's records per file, else
   the last rate measured, never the idle plan;
 * a group that took more than ``miss_ratio`` times its predicted wall sends the next group back
-  to the last size that was stable (in records);
+  to the last size that was stable (in records); a prediction from priors alone (the first
+  group's) is no miss;
+* overloaded, with no size measured within ``GAP`` times above the cheapest per record, one group
+  probes twice that size: a chord over the gap overestimates convex work, so a drain would
+  otherwise never leave the smallest sizes;
 * every group's predicted wall is within the freshness SLA (or ``max_group_wall_s``): k is cut,
   and a single epoch shrunk, to fit.
 
@@ -53,7 +57,9 @@ DyBBS's one-second batches never had, so the first cell starts at the smallest s
 cost model calls stable, ``x/f >= F + c + a + x * b_f`` (``F`` the measured coordination, a
 prior before the first group; ``a + b * records`` fitted to the last epochs). Slow start then
 doubles while unstable (the epoch, or k when the cost per record grows with size, and it halves
-the epoch and doubles k in the steep part), and probes around the smallest stable size.
+the epoch and doubles k in the steep part), and probes around the smallest stable size. An
+unstable group whose epochs alone fill ``busy_ratio`` of their span first tries the next
+partition count up at the same size: a larger epoch would amortise only the fixed cost.
 """
 
 from __future__ import annotations
@@ -66,6 +72,9 @@ import numpy as np
 from scipy.optimize import isotonic_regression
 
 from sluice.control.cost_curve import EXPLORE_SAMPLES, CostCurve
+
+#: A gap in the measured cost curve wider than this (records, next size over the cheapest) is probed in overload.
+GAP = 2.5
 
 #: Epochs the linear cost model is fitted to: a few groups' worth, so it follows changed conditions.
 COST_SAMPLES = 32
@@ -103,6 +112,7 @@ class EpochSizeConfig:
     probe_growth: float = 2.0
     max_group_wall_s: float = 600.0
     miss_ratio: float = 2.0
+    busy_ratio: float = 0.6
 
     def __post_init__(self) -> None:
         if self.initial_partitions not in self.partitions:
@@ -424,6 +434,9 @@ class EpochSizeController:
         if not len(n) or cu.per_file <= 0:
             return None
         bound = self.size_limit_records()
+        gap = self._gap_probe(n, bound, cu) if probe else None
+        if gap is not None:
+            return gap
         sizes = np.floor(n[n <= bound * 1.0001] / cu.per_file)
         if probe or self.curve.linear():  # overload, or linear work: larger epochs (within the limit) drain faster
             sizes = np.append(sizes, cu.x_bound)
@@ -444,6 +457,30 @@ class EpochSizeController:
         # a drain explores only towards more partitions (one epoch at a new count tells its whole curve)
         P = self.curve.choose_partitions(x * cu.per_file, self.config.partitions, downwards=False) or cu.partitions
         return EpochPlan(x, k, P, reason, float(cu.fixed + k * per_epoch[i]))
+
+    def _gap_probe(self, n: np.ndarray, bound: float, cu: CatchUp) -> EpochPlan | None:
+        """Overload with nothing measured between the cheapest size per record and the next
+        size up more than ``GAP`` times larger: the curve there is a chord between two points,
+        which overestimates convex work (a join's cheapest records lie in such a gap), so a
+        drain would never try it. One group probes twice the cheapest size (within the size
+        limit); once measured, the gap is closed or moves."""
+        best = self.curve.best()
+        if best is None:
+            return None
+        above = n[n > best[0] * 1.0001]
+        target = 2 * best[0]
+        # above the largest size measured, the overload probe to the size limit already reaches
+        if not len(above) or above[0] <= GAP * best[0] or target > bound:
+            return None
+        x = max(1, min(cu.x_bound, math.floor(target / cu.per_file)))
+        if x * cu.per_file <= best[0] * 1.2:
+            return None
+        per_epoch = np.array([float(self.curve.seconds(x * cu.per_file))])
+        ks, _ = _drain_throughput(np.array([float(x)]), per_epoch, cu)
+        k = int(ks[0])
+        P = self.curve.choose_partitions(x * cu.per_file, self.config.partitions, downwards=False) or cu.partitions
+        return EpochPlan(x, k, P, "overload: probing twice the cheapest size measured (a gap in the cost curve)",
+                         float(cu.fixed + k * per_epoch[0]))
 
     # -- safety bounds ----------------------------------------------------------------------
     def size_limit_records(self) -> float:
@@ -612,7 +649,8 @@ class EpochSizeController:
         if not epoch_files:
             return "ignored: no epochs"
         wall = coordination_s + sum(epoch_s)
-        missed = predicted_wall_s > 0 and wall > cfg.miss_ratio * predicted_wall_s
+        # a miss counts only against a prediction from measured costs: the first group's rests on priors
+        missed = predicted_wall_s > 0 and wall > cfg.miss_ratio * predicted_wall_s and bool(self.cost_samples)
         if epoch_records:
             self.last_per_file = epoch_records[-1] / max(epoch_files[-1], 1)
             self.per_file_samples += [n / max(x, 1) for n, x in zip(epoch_records, epoch_files, strict=False)]
@@ -654,6 +692,16 @@ class EpochSizeController:
             cell = self._cell(bs, partitions, self.start_size(rate_rps, file_rate, coordination_ewma_s, cap))
             learning_before = self._learning(cell, partitions, per_file)
         if learning_before:
+            busy = sum(epoch_s) / max(span, 1e-9)
+            wider = [p for p in cfg.partitions if p > partitions and p not in bs.cells]
+            if not stable and busy >= cfg.busy_ratio and wider:
+                # the epochs' own work fills most of their span: a larger epoch amortises only the
+                # fixed cost, and walks towards a steep part not yet measured; more partitions
+                # cut the work itself (DyBBS's block interval), so that is tried first
+                bs.partitions = wider[0]
+                self._cell(bs, wider[0], x)
+                return (f"slow start: unstable with the epochs busy {busy:.0%} of their span, "
+                        f"trying {wider[0]} partitions")
             model_x = self.start_size(rate_rps, file_rate, coordination_ewma_s, cap)  # with this group's costs
             # k beyond the probe's own was drained backlog, not a probe of k
             return self._slow_start_step(cell, x, min(k, max(cell.slow_k, 1)), stable, cap, k_cap, model_x,
