@@ -1,6 +1,7 @@
 """Where a group's time goes when it is not processing records.
 
     python -m bench.overhead [--quick] [--skip-airflow]
+    python -m bench.overhead --connect [--connect-reps 4] [--profile]   # ~6-10 min
 
 1. **Cold start**: a fresh Python process builds a SparkSession with Delta, runs one query,
    then commits one small Delta table (the first commit loads Delta's classes). Also its
@@ -24,6 +25,7 @@ import argparse
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 import time
@@ -286,13 +288,338 @@ def airflow_coordination(work: Path, mode: str, epoch_files: int, events_per_fil
             "coordination_fraction": steady["coordination_fraction"]}
 
 
+# -- a group's fixed CPU on a warm Spark Connect server ----------------------------------------
+
+CONNECT_SIZES = (1, 4, 8)  # files of 10,000 events per group: the fit's records axis
+CONNECT_UI_PORT = 4151
+
+
+class _ServerCpu:
+    """The Connect server JVM's CPU-seconds (utime + stime of /proc/<pid>/stat, every thread),
+    sampled every ``interval`` s with ``time.monotonic()``: a group's client (another process)
+    stamps its steps with the same clock, so each step gets the server CPU spent during it."""
+
+    def __init__(self, pid: int, interval: float = 0.05) -> None:
+        import threading
+
+        self.pid, self.interval = pid, interval
+        self.tick = os.sysconf("SC_CLK_TCK")
+        self.samples: list[tuple[float, float]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+        self._thread.start()
+
+    def read(self) -> float:
+        with open(f"/proc/{self.pid}/stat") as fh:
+            fields = fh.read().rpartition(")")[2].split()
+        return (int(fields[11]) + int(fields[12])) / self.tick  # utime, stime (fields 14, 15)
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval):
+            self.samples.append((time.monotonic(), self.read()))
+
+    def at(self, t: float) -> float:
+        """CPU-seconds at ``t``, interpolated between samples."""
+        import bisect
+
+        i = bisect.bisect_left(self.samples, (t, -1.0))
+        if i <= 0:
+            return self.samples[0][1]
+        if i >= len(self.samples):
+            return self.samples[-1][1]
+        (t0, c0), (t1, c1) = self.samples[i - 1], self.samples[i]
+        return c0 + (c1 - c0) * (t - t0) / max(t1 - t0, 1e-9)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def _java_pid(proc: subprocess.Popen[bytes]) -> int:
+    """The server's JVM: spark-submit's java (itself, once it execs, or its child)."""
+    import psutil
+
+    root = psutil.Process(proc.pid)
+    for p in [root, *root.children(recursive=True)]:
+        if p.name() == "java":
+            return p.pid
+    raise RuntimeError("no java process under the Connect server")
+
+
+def _steps(trace: dict[str, Any], server: _ServerCpu, idle_rate: float) -> dict[str, dict[str, float]]:
+    """Per traced step (summed over its calls): wall, client CPU, and the server's CPU beyond
+    idle while it ran (steps nest: ``commit_group`` holds the writes; see ``connect_trace.STEPS``)."""
+    steps: dict[str, dict[str, float]] = {}
+    for name, _thread, t0, t1, cpu in trace["calls"]:
+        row = steps.setdefault(name, {"calls": 0, "wall_s": 0.0, "client_cpu_s": 0.0, "server_cpu_s": 0.0})
+        row["calls"] += 1
+        row["wall_s"] += t1 - t0
+        row["client_cpu_s"] += cpu
+        row["server_cpu_s"] += max(0.0, server.at(t1) - server.at(t0) - idle_rate * (t1 - t0))
+    return {k: {m: round(v, 3) for m, v in row.items()} for k, row in steps.items()}
+
+
+def _jvm_counters(pid: int, port: int = CONNECT_UI_PORT) -> dict[str, float]:
+    """The JVM's own CPU accounting (``jcmd PerfCounter.print``): seconds spent by the JIT
+    compilers and in GC pauses so far, and Spark's code generation (Janino) so far."""
+    out = subprocess.run(["jcmd", str(pid), "PerfCounter.print"], capture_output=True, text=True).stdout
+    values = dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
+    freq = float(values.get("sun.os.hrt.frequency", "1e9"))
+    gc = sum(float(v) for k, v in values.items() if re.fullmatch(r"sun\.gc\.collector\.\d+\.time", k))
+    counters = {"jit_s": float(values.get("java.ci.totalTime", 0)) / freq, "gc_pause_s": gc / freq}
+    try:
+        metrics = json.loads(_rest_raw("/metrics/json", port))["histograms"]
+        key = next(k for k in metrics if k.endswith("CodeGenerator.compilationTime"))
+        counters["codegen_classes"] = metrics[key]["count"]
+        counters["codegen_s"] = metrics[key]["mean"] * metrics[key]["count"] / 1000
+    except Exception:  # no metrics servlet
+        pass
+    return counters
+
+
+def _rest_raw(path: str, port: int = CONNECT_UI_PORT) -> bytes:
+    import urllib.request
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=10) as r:
+        return r.read()
+
+
+def _rest(path: str, port: int = CONNECT_UI_PORT) -> Any:
+    import urllib.request
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/v1{path}", timeout=10) as r:
+        return json.loads(r.read())
+
+
+def _spark_jobs(app: str, since_job: int, port: int = CONNECT_UI_PORT) -> tuple[list[dict[str, Any]], int]:
+    """The server's jobs after ``since_job`` (Spark's REST API): name, stages, tasks, executor CPU."""
+    jobs = [j for j in _rest(f"/applications/{app}/jobs", port) if j["jobId"] > since_job]
+    stages = {s["stageId"]: s for s in _rest(f"/applications/{app}/stages", port)}
+    out = []
+    for j in sorted(jobs, key=lambda j: j["jobId"]):
+        cpu = sum(stages[s].get("executorCpuTime", 0) for s in j["stageIds"] if s in stages) / 1e9
+        out.append({"job": j["jobId"], "name": j["name"][:90], "stages": len(j["stageIds"]),
+                    "tasks": j["numTasks"], "executor_cpu_s": round(cpu, 3)})
+    return out, max([j["jobId"] for j in jobs], default=since_job)
+
+
+def connect_groups(work: Path, reps: int, profile: bool = False, warm_groups: int = 4,
+                   variants: dict[str, dict[str, Any]] | None = None, server_java: str | None = None) -> dict[str, Any]:
+    """A group's fixed CPU on a warm Connect server: ``reps`` groups of each size in
+    ``CONNECT_SIZES`` (alternating) of one pipeline, each a ``run_group --plan`` client
+    (``connect_trace``) against the server; per group the client's CPU and the server JVM's
+    CPU beyond its idle rate (of which the JIT compilers', GC pauses' and Spark's code
+    generation, from the JVM's counters), and the server's Spark jobs (REST API);
+    ``CPU = fixed + per_record * records`` fitted as ``cost.py`` does (``Linear``).
+
+    ``variants`` (A/B): label -> ``{"conf": spark.conf of the pipeline, "env": client env,
+    "java": the server's JVM options}``, each its own pipeline, their groups alternating; a
+    variant with other ``java`` options than another gets a server of its own (``server_java``:
+    the default, ``None``: ``sluice.spark.CONNECT_SERVER_JAVA_OPTIONS``). ``profile``: three more
+    small groups under JFR (server) after the measured ones."""
+    from bench.cost import Linear
+    from sluice.spark import start_connect_server as start
+    from sluice.store import EpochStore
+
+    variants = variants or {"base": {}}
+    events = 10_000
+    root = work / "connect"
+    order = []
+    for rep in range(reps):
+        for size in CONNECT_SIZES if rep % 2 == 0 else CONNECT_SIZES[::-1]:
+            labels = list(variants) if (rep + CONNECT_SIZES.index(size)) % 2 == 0 else list(variants)[::-1]
+            order += [(label, size) for label in labels]
+    warm = [(label, n) for i in range(warm_groups) for label in variants for n in (CONNECT_SIZES[i % 2],)]
+    profiled = [(next(iter(variants)), n) for n in (1, 1, 4)] if profile else []
+    pipes: dict[str, dict[str, Any]] = {}
+    for label, variant in variants.items():
+        name = f"bench_connect_{label}"
+        base = root / label
+        raw = ysb_spec_yaml(name, base / "landing", base / "tables" / "campaign_views", epoch_files=1, k=1,
+                            validate=True)
+        raw["spark"]["conf"] = {**(raw["spark"].get("conf") or {}), **variant.get("conf", {})}
+        write_spec(Path(os.environ["SLUICE_PIPELINES_DIR"]), raw)
+        (base / "landing").mkdir(parents=True)
+        total = sum(n for lab, n in [*warm, *order, *profiled] if lab == label)
+        pipes[label] = {"name": name, "landing": base / "landing", "store": f"sqlite:///{base / 'sluice.db'}",
+                        "files": iter(land_ysb(base / "staging", total, events)), "env": variant.get("env", {})}
+    # A variant with its own ``java`` options (JVM flags) gets a server of its own (all warm,
+    # each measured by its own JVM's CPU); the others share the first.
+    java_of = {label: v.get("java", server_java) for label, v in variants.items()}
+    servers: dict[str, dict[str, Any]] = {}
+    for i, java in enumerate(dict.fromkeys(java_of.values())):
+        port = CONNECT_UI_PORT + i
+        ui = {"spark.ui.enabled": "true", "spark.ui.port": str(port),
+              "spark.ui.retainedJobs": "100000", "spark.ui.retainedStages": "100000"}
+        proc, url = start(work / f"connect-server-{i}.log", "local[2]", conf=ui, java_options=java)
+        pid = _java_pid(proc)
+        servers[java] = {"proc": proc, "url": url, "pid": pid, "cpu": _ServerCpu(pid), "port": port,
+                         "app": _rest("/applications", port)[0]["id"], "last_job": -1, "idle": 0.0}
+    pid = servers[java_of[next(iter(variants))]]["pid"]  # (the JFR profile's)
+    traces = root / "traces"
+    traces.mkdir(parents=True)
+    stores = {label: EpochStore(p["store"]) for label, p in pipes.items()}
+
+    def group(label: str, n_files: int, tag: str) -> dict[str, Any]:
+        pipe = pipes[label]
+        srv = servers[java_of[label]]
+        server, pid, port, idle_rate, url = srv["cpu"], srv["pid"], srv["port"], srv["idle"], srv["url"]
+        for _ in range(n_files):
+            path = next(pipe["files"])
+            os.replace(path, pipe["landing"] / path.name)
+        trace_path = traces / f"{tag}.json"
+        jvm0 = _jvm_counters(pid, port)
+        t0 = time.monotonic()
+        s0 = server.read()
+        client = subprocess.Popen([sys.executable, str(ROOT / "bench" / "connect_trace.py"), str(trace_path),
+                                   "--pipeline", pipe["name"], "--plan", "--store-url", pipe["store"],
+                                   "--epoch-size", str(n_files), "-k", "1"],
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                                  env={**os.environ, "SLUICE_SPARK_REMOTE": url, **pipe["env"]})
+        meter = CpuMeter(client.pid, interval=0.1)
+        _, err = client.communicate()
+        client_cpu = meter.stop()
+        wall = time.monotonic() - t0
+        time.sleep(0.3)  # the server's last RPCs' tail
+        server_cpu = server.read() - s0 - idle_rate * (time.monotonic() - t0)
+        jvm1 = _jvm_counters(pid, port)
+        if client.returncode:
+            raise RuntimeError(f"group failed ({client.returncode}): {err[-3000:]}")
+        g = stores[label].groups(pipe["name"])[-1]
+        records = sum(int(e.rows.get("input") or 0) for e in g.epochs)
+        trace = json.loads(trace_path.read_text())
+        jobs, srv["last_job"] = _spark_jobs(srv["app"], srv["last_job"], port)
+        row = {"variant": label, "tag": tag, "files": n_files, "records": records, "wall_s": round(wall, 2),
+               "client_cpu_s": round(client_cpu, 2), "server_cpu_s": round(server_cpu, 2),
+               "cpu_s": round(client_cpu + server_cpu, 2), "spark_jobs": len(jobs),
+               "spark_job_executor_cpu_s": round(sum(j["executor_cpu_s"] for j in jobs), 2),
+               "server_jvm": {k: round(jvm1[k] - jvm0.get(k, 0.0), 3) for k in jvm1},
+               "steps": _steps(trace, server, idle_rate), "jobs": jobs,
+               "timings": g.epochs[0].timings}
+        print(f"  connect group {tag} ({label}): files={n_files} records={records} wall={wall:.1f}s "
+              f"client={client_cpu:.2f} server={server_cpu:.2f} jobs={len(jobs)} {row['server_jvm']}", flush=True)
+        return row
+
+    try:
+        for i, (label, n) in enumerate(warm):  # a server that lives for days has paid its JIT warm-up
+            group(label, n, f"warm{i}-{label}")
+        c0, t0 = {k: srv["cpu"].read() for k, srv in servers.items()}, time.monotonic()
+        time.sleep(15)
+        for k, srv in servers.items():
+            srv["idle"] = (srv["cpu"].read() - c0[k]) / (time.monotonic() - t0)
+        rows = [group(label, n, f"g{i}-{n}-{label}") for i, (label, n) in enumerate(order)]
+        profile_out: dict[str, Any] = {}
+        if profiled:
+            jfr = root / "server.jfr"
+            subprocess.run(["jcmd", str(pid), "JFR.start", "name=sluice"], check=True, capture_output=True)
+            prows = [group(label, n, f"jfr{i}-{n}-{label}") for i, (label, n) in enumerate(profiled)]
+            subprocess.run(["jcmd", str(pid), "JFR.dump", "name=sluice", f"filename={jfr}"], check=True,
+                           capture_output=True)
+            subprocess.run(["jcmd", str(pid), "JFR.stop", "name=sluice"], capture_output=True)
+            profile_out = {"jfr": str(jfr), "groups": [{k: r[k] for k in ("tag", "records", "cpu_s", "server_cpu_s")}
+                                                      for r in prows]}
+    finally:
+        for store in stores.values():
+            store.engine.dispose()
+        for srv in servers.values():
+            srv["cpu"].stop()
+            srv["proc"].terminate()
+            try:
+                srv["proc"].wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                srv["proc"].kill()
+    out: dict[str, Any] = {}
+    for label in variants:
+        mine = [r for r in rows if r["variant"] == label]
+        out[label] = _connect_fit(mine, Linear)
+    first = out[next(iter(variants))]
+    result = {k: v for k, v in first.items()}
+    if len(variants) > 1:
+        result["ab"] = {label: {k: v for k, v in fit.items() if k != "connect_group_steps"}
+                        for label, fit in out.items()}
+        result["ab_variants"] = variants
+        result["ab_steps"] = {label: fit["connect_group_steps"] for label, fit in out.items()}
+    result.update(connect_server_idle_cpu_per_s=round(servers[java_of[next(iter(variants))]]["idle"], 4),
+                  connect_server_idle_by_java_options={k: round(v["idle"], 4) for k, v in servers.items()},
+                  groups=rows, profile=profile_out,
+                  config={"sizes_files": list(CONNECT_SIZES), "events_per_file": events, "reps": reps,
+                          "server_java_options": {label: java for label, java in java_of.items()},
+                          "warm_groups": warm_groups,
+                          "pipeline": "ysb (aggregate MERGE, GX suite), commit: group, k = 1",
+                          "server": f"local[2], warm ({warm_groups} groups per variant first)"})
+    return result
+
+
+def _connect_fit(rows: list[dict[str, Any]], linear: Any) -> dict[str, Any]:
+    """The fixed (intercept) and per-record CPU of ``rows``' groups, and each step's fixed part."""
+    cpu = linear.fit([(r["records"], r["cpu_s"]) for r in rows])
+    server_fit = linear.fit([(r["records"], r["server_cpu_s"]) for r in rows])
+    client_fit = linear.fit([(r["records"], r["client_cpu_s"]) for r in rows])
+    steps = {}
+    for key in sorted({k for r in rows for k in r["steps"]}):
+        per = {}
+        for side in ("server_cpu_s", "client_cpu_s", "wall_s"):
+            per[side.replace("_s", "_fixed_s")] = round(
+                linear.fit([(r["records"], r["steps"].get(key, {}).get(side, 0.0)) for r in rows]).fixed, 3)
+        per["calls"] = rows[-1]["steps"].get(key, {}).get("calls", 0)
+        steps[key] = per
+    for key in sorted({k for r in rows for k in r["server_jvm"]}):
+        steps[f"server_jvm:{key}"] = {"server_cpu_fixed_s": round(
+            linear.fit([(r["records"], r["server_jvm"].get(key, 0.0)) for r in rows]).fixed, 3)}
+    steps["spark_tasks(executorCpuTime)"] = {"server_cpu_fixed_s": round(
+        linear.fit([(r["records"], r["spark_job_executor_cpu_s"]) for r in rows]).fixed, 3)}
+    smallest = [r for r in rows if r["files"] == min(CONNECT_SIZES)]
+    return {"connect_group_fixed_cpu_s": round(server_fit.fixed, 2),
+            "connect_group_fixed_cpu_with_client_s": round(cpu.fixed, 2),
+            "connect_group_client_fixed_cpu_s": round(client_fit.fixed, 2),
+            "connect_group_cpu_per_million_records_s": round(cpu.per_record * 1e6, 2),
+            "smallest_group": {"records": smallest[0]["records"],
+                               "server_cpu_s": stats([r["server_cpu_s"] for r in smallest], 2),
+                               "client_cpu_s": stats([r["client_cpu_s"] for r in smallest], 2),
+                               "wall_s": stats([r["wall_s"] for r in smallest], 2),
+                               "spark_jobs": stats([r["spark_jobs"] for r in smallest], 0)},
+            "connect_group_steps": steps}
+
+
+def merge_result(name: str, update: dict[str, Any]) -> None:
+    """Add ``update``'s keys to an existing result file (keeps the others)."""
+    path = results_dir() / f"{name}.json"
+    result = json.loads(path.read_text()) if path.exists() else {}
+    result.update(update)
+    write_result(name, result)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--skip-airflow", action="store_true")
     parser.add_argument("--modes", default="submit,connect", help="run_group modes measured under Airflow")
+    parser.add_argument("--connect", action="store_true",
+                        help="only a group's fixed CPU on a warm Connect server (added to overhead.json)")
+    parser.add_argument("--connect-reps", type=int, default=4, help="groups of each size (--connect)")
+    parser.add_argument("--profile", action="store_true", help="--connect: three more groups under JFR")
+    parser.add_argument("--connect-warm", type=int, default=4, help="--connect: untimed groups first")
+    parser.add_argument("--server-java-options", default=None,
+                        help="--connect: JVM options of the Connect server (default: sluice's own)")
+    parser.add_argument("--ab", default=None,
+                        help='--connect A/B: JSON {"label": {"conf": {...}, "env": {...}}, ...}, groups alternating')
     args = parser.parse_args(argv)
     work = configure("overhead")
+    if args.connect:
+        out = connect_groups(work, args.connect_reps, profile=args.profile, warm_groups=args.connect_warm,
+                             variants=json.loads(args.ab) if args.ab else None, server_java=args.server_java_options)
+        write_result("overhead_connect_ab" if args.ab else "overhead_connect_groups", out)  # every group's steps
+        # Of an A/B run the last variant's figures are the ones of record (``ab`` holds every variant's).
+        last = out["ab"][list(out["ab"])[-1]] | {"connect_group_steps": out["ab_steps"][list(out["ab"])[-1]]} \
+            if args.ab else out
+        merge_result("overhead", {k: v for k, v in last.items() if k.startswith("connect_group")}
+                     | {"connect_server_idle_cpu_per_s": out["connect_server_idle_cpu_per_s"],
+                        "connect_group_smallest": last["smallest_group"]}
+                     | ({"connect_group_ab": out["ab"], "connect_group_ab_variants": out["ab_variants"]}
+                        if args.ab else {}))
+        print(json.dumps({k: v for k, v in out.items()
+                          if k.startswith("connect_group_") and k != "connect_group_steps"}))
+        return 0
     print("cold start", flush=True)
     result: dict[str, Any] = {"cold_start": cold_start(work, 2 if args.quick else 3)}
     print("fixed cost per epoch", flush=True)

@@ -306,10 +306,13 @@ def _scala_map_values(scala_map: Any) -> list[Any]:
 
 
 def start_connect_server(log_path: Path, master: str = "local[2]", port: int | None = None,
-                         timeout_s: float = 180) -> tuple[subprocess.Popen[bytes], str]:
+                         timeout_s: float = 180, conf: dict[str, str] | None = None,
+                         java_options: str | None = None) -> tuple[subprocess.Popen[bytes], str]:
     """Start a Spark Connect server (``connect_server_command``) in a session of its own, its
     output in ``log_path``; wait until it accepts connections. Returns the process and its
-    ``sc://`` URL. Raises with the log's tail if it exits or does not listen in time."""
+    ``sc://`` URL. Raises with the log's tail if it exits or does not listen in time. ``conf``: more
+    Spark settings for the server (a benchmark's UI, for the REST API); ``java_options``: its JVM's
+    (default ``CONNECT_SERVER_JAVA_OPTIONS``)."""
     import socket
 
     from sluice.net import free_port
@@ -317,8 +320,8 @@ def start_connect_server(log_path: Path, master: str = "local[2]", port: int | N
     if port is None:
         port = free_port()
     with open(log_path, "wb") as out:
-        proc = subprocess.Popen(connect_server_command(master, port), stdout=out, stderr=subprocess.STDOUT,
-                                start_new_session=True)
+        proc = subprocess.Popen(connect_server_command(master, port, conf=conf, java_options=java_options),
+                                stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     deadline = time.monotonic() + timeout_s
     while True:
         with socket.socket() as s:
@@ -330,7 +333,24 @@ def start_connect_server(log_path: Path, master: str = "local[2]", port: int | N
         time.sleep(1)
 
 
-def connect_server_command(master: str = "local[*]", port: int = 15002, host: str = "127.0.0.1") -> list[str]:
+#: JVM options of a Spark Connect server: C1 alone, as a run-once driver. A warm server's C2 never
+#: settles: every group brings ~120 classes of generated code (Janino) it has not seen, and C2
+#: compiled them group after group (a third of the server's CPU under JFR). Measured A/B, two warm
+#: servers with groups alternating (``python -m bench.overhead --connect --ab``): a group's fixed
+#: server CPU 11.0 -> 7.0 CPU-s (paired groups: x0.78), 4.9 with the C1 server alone on the
+#: machine. The code cache sized as with C2 (see ``RUN_ONCE_JAVA_OPTIONS``).
+CONNECT_SERVER_JAVA_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:ReservedCodeCacheSize=240m"
+
+
+def connect_java_options() -> str:
+    """The Connect server's JVM options: ``SLUICE_CONNECT_JAVA_OPTIONS`` when set (empty: the JVM's
+    own tiered C1 + C2, which may pay off for groups of millions of records; the per-record cost of
+    C1 code on a warm server is not measured yet), else ``CONNECT_SERVER_JAVA_OPTIONS``."""
+    return os.environ.get("SLUICE_CONNECT_JAVA_OPTIONS", CONNECT_SERVER_JAVA_OPTIONS)
+
+
+def connect_server_command(master: str = "local[*]", port: int = 15002, host: str = "127.0.0.1",
+                           conf: dict[str, str] | None = None, java_options: str | None = None) -> list[str]:
     """``spark-submit`` command line of a Spark Connect server with sluice's Delta settings
     (the pip PySpark ships the server class, not ``sbin/start-connect-server.sh``)."""
     from pyspark.find_spark_home import _find_spark_home
@@ -338,11 +358,12 @@ def connect_server_command(master: str = "local[*]", port: int = 15002, host: st
     # A command whose client died is dropped after 30 s (default 5 min), well inside the lease
     # TTL: a late Delta commit can then never outlive the lease of the run that sent it.
     conf = spark_conf({"spark.connect.grpc.binding.address": host, "spark.connect.grpc.binding.port": str(port),
-                       "spark.connect.execute.manager.detachedTimeout": "30s"}, run_once=False)
+                       "spark.connect.execute.manager.detachedTimeout": "30s", **(conf or {})}, run_once=False)
     cmd = [str(Path(_find_spark_home()) / "bin" / "spark-submit"), "--class", CONNECT_SERVER_CLASS,
            "--name", "sluice-connect", "--master", master, "--jars", ",".join(spark_jars()),
            "--driver-java-options",
-           f"-Dlog4j2.configurationFile=file:{JOBS_DIR / 'log4j2.properties'}"]
+           f"-Dlog4j2.configurationFile=file:{JOBS_DIR / 'log4j2.properties'} "
+           f"{connect_java_options() if java_options is None else java_options}".strip()]
     for key, value in conf.items():
         cmd += ["--conf", f"{key}={value}"]
     return cmd
