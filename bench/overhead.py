@@ -385,10 +385,7 @@ def _rest_raw(path: str, port: int = CONNECT_UI_PORT) -> bytes:
 
 
 def _rest(path: str, port: int = CONNECT_UI_PORT) -> Any:
-    import urllib.request
-
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/v1{path}", timeout=10) as r:
-        return json.loads(r.read())
+    return json.loads(_rest_raw(f"/api/v1{path}", port))
 
 
 def _spark_jobs(app: str, since_job: int, port: int = CONNECT_UI_PORT) -> tuple[list[dict[str, Any]], int]:
@@ -415,7 +412,7 @@ def connect_groups(work: Path, reps: int, profile: bool = False, warm_groups: in
     ``variants`` (A/B): label -> ``{"conf": spark.conf of the pipeline, "env": client env,
     "java": the server's JVM options}``, each its own pipeline, their groups alternating; a
     variant with other ``java`` options than another gets a server of its own (``server_java``:
-    the default, ``None``: ``sluice.spark.CONNECT_SERVER_JAVA_OPTIONS``). ``profile``: three more
+    the default, ``None``: ``sluice.spark.connect_java_options()``). ``profile``: three more
     small groups under JFR (server) after the measured ones."""
     from bench.cost import Linear
     from sluice.spark import start_connect_server as start
@@ -533,7 +530,7 @@ def connect_groups(work: Path, reps: int, profile: bool = False, warm_groups: in
         mine = [r for r in rows if r["variant"] == label]
         out[label] = _connect_fit(mine, Linear)
     first = out[next(iter(variants))]
-    result = {k: v for k, v in first.items()}
+    result = dict(first)
     if len(variants) > 1:
         result["ab"] = {label: {k: v for k, v in fit.items() if k != "connect_group_steps"}
                         for label, fit in out.items()}
@@ -543,7 +540,7 @@ def connect_groups(work: Path, reps: int, profile: bool = False, warm_groups: in
                   connect_server_idle_by_java_options={k: round(v["idle"], 4) for k, v in servers.items()},
                   groups=rows, profile=profile_out,
                   config={"sizes_files": list(CONNECT_SIZES), "events_per_file": events, "reps": reps,
-                          "server_java_options": {label: java for label, java in java_of.items()},
+                          "server_java_options": dict(java_of),
                           "warm_groups": warm_groups,
                           "pipeline": "ysb (aggregate MERGE, GX suite), commit: group, k = 1",
                           "server": f"local[2], warm ({warm_groups} groups per variant first)"})

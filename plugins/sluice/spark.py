@@ -312,7 +312,7 @@ def start_connect_server(log_path: Path, master: str = "local[2]", port: int | N
     output in ``log_path``; wait until it accepts connections. Returns the process and its
     ``sc://`` URL. Raises with the log's tail if it exits or does not listen in time. ``conf``: more
     Spark settings for the server (a benchmark's UI, for the REST API); ``java_options``: its JVM's
-    (default ``CONNECT_SERVER_JAVA_OPTIONS``)."""
+    (default ``connect_java_options()``)."""
     import socket
 
     from sluice.net import free_port

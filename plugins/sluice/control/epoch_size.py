@@ -434,9 +434,24 @@ class EpochSizeController:
         if not len(n) or cu.per_file <= 0:
             return None
         bound = self.size_limit_records()
-        gap = self._gap_probe(n, bound, cu) if probe else None
-        if gap is not None:
-            return gap
+        gap = self._gap_size(n, bound, cu) if probe else None
+        if gap is not None:  # the one size to try; planned as any drain's
+            xs = np.array([float(gap)])
+            reason = "overload: probing twice the cheapest size measured (a gap in the cost curve)"
+        else:
+            xs = self._drain_sizes(n, bound, cu, probe)
+        per_epoch = self.curve.seconds(xs * cu.per_file)
+        ks, throughput = _drain_throughput(xs, per_epoch, cu)
+        i = int(np.argmax(throughput))
+        x, k = int(xs[i]), int(ks[i])
+        # a drain explores only towards more partitions (one epoch at a new count tells its whole curve)
+        P = self.curve.choose_partitions(x * cu.per_file, self.config.partitions, downwards=False) or cu.partitions
+        return EpochPlan(x, k, P, reason, float(cu.fixed + k * per_epoch[i]))
+
+    def _drain_sizes(self, n: np.ndarray, bound: float, cu: CatchUp, probe: bool) -> np.ndarray:
+        """A drain's candidate epoch sizes (files): the measured bins within the size limit, the
+        limit itself for overload or linear work, and below the smallest bin where the cheapest
+        records may lie."""
         sizes = np.floor(n[n <= bound * 1.0001] / cu.per_file)
         if probe or self.curve.linear():  # overload, or linear work: larger epochs (within the limit) drain faster
             sizes = np.append(sizes, cu.x_bound)
@@ -450,20 +465,14 @@ class EpochSizeController:
         xs = np.unique(np.clip(sizes, 1, cu.x_bound))
         if not len(xs):
             xs = np.array([max(1.0, min(float(cu.x_bound), math.floor(n[0] / cu.per_file)))])
-        per_epoch = self.curve.seconds(xs * cu.per_file)
-        ks, throughput = _drain_throughput(xs, per_epoch, cu)
-        i = int(np.argmax(throughput))
-        x, k = int(xs[i]), int(ks[i])
-        # a drain explores only towards more partitions (one epoch at a new count tells its whole curve)
-        P = self.curve.choose_partitions(x * cu.per_file, self.config.partitions, downwards=False) or cu.partitions
-        return EpochPlan(x, k, P, reason, float(cu.fixed + k * per_epoch[i]))
+        return xs
 
-    def _gap_probe(self, n: np.ndarray, bound: float, cu: CatchUp) -> EpochPlan | None:
+    def _gap_size(self, n: np.ndarray, bound: float, cu: CatchUp) -> int | None:
         """Overload with nothing measured between the cheapest size per record and the next
         size up more than ``GAP`` times larger: the curve there is a chord between two points,
         which overestimates convex work (a join's cheapest records lie in such a gap), so a
-        drain would never try it. One group probes twice the cheapest size (within the size
-        limit); once measured, the gap is closed or moves."""
+        drain would never try it. Returns twice the cheapest size in files (within the size
+        limit), else ``None``; once measured, the gap is closed or moves."""
         best = self.curve.best()
         if best is None:
             return None
@@ -473,14 +482,7 @@ class EpochSizeController:
         if not len(above) or above[0] <= GAP * best[0] or target > bound:
             return None
         x = max(1, min(cu.x_bound, math.floor(target / cu.per_file)))
-        if x * cu.per_file <= best[0] * 1.2:
-            return None
-        per_epoch = np.array([float(self.curve.seconds(x * cu.per_file))])
-        ks, _ = _drain_throughput(np.array([float(x)]), per_epoch, cu)
-        k = int(ks[0])
-        P = self.curve.choose_partitions(x * cu.per_file, self.config.partitions, downwards=False) or cu.partitions
-        return EpochPlan(x, k, P, "overload: probing twice the cheapest size measured (a gap in the cost curve)",
-                         float(cu.fixed + k * per_epoch[0]))
+        return x if x * cu.per_file > best[0] * 1.2 else None
 
     # -- safety bounds ----------------------------------------------------------------------
     def size_limit_records(self) -> float:
