@@ -2,6 +2,7 @@
 
     python -m bench.overhead [--quick] [--skip-airflow]
     python -m bench.overhead --connect [--connect-reps 4] [--profile]   # ~6-10 min
+    python -m bench.overhead --airflow-only [--modes connect] [--ks 1,32,32,32]   # ~8 min a mode
 
 1. **Cold start**: a fresh Python process builds a SparkSession with Delta, runs one query,
    then commits one small Delta table (the first commit loads Delta's classes). Also its
@@ -183,9 +184,10 @@ def group_breakdown(client: Any, dag_id: str, run_id: str, spec: Any, store: Any
 
 
 def airflow_coordination(work: Path, mode: str, epoch_files: int, events_per_file: int,
-                         max_k: int) -> dict[str, Any]:
-    """Two DAG runs of a ``schedule: None`` pipeline, triggered through the REST API: k = 1,
-    then the k at which coordination falls to 10 %."""
+                         max_k: int, ks: list[int] | None = None) -> dict[str, Any]:
+    """DAG runs of a ``schedule: None`` pipeline, triggered through the REST API: k = 1, then
+    the k at which coordination falls to 10 % (Drizzle's AIMD, up to ``max_k``); or, given
+    ``ks``, one group at each of those k (the last is the steady state reported)."""
     from sluice.spec import get_spec
     from sluice.store import EpochStore
     from tests.airflow import standalone
@@ -208,7 +210,7 @@ def airflow_coordination(work: Path, mode: str, epoch_files: int, events_per_fil
     write_spec(Path(os.environ["SLUICE_PIPELINES_DIR"]), raw)
     spec = get_spec(name)
     staging = work / f"staging-{mode}"
-    land_ysb(staging, epoch_files * (1 + 3 * max_k), events_per_file)
+    land_ysb(staging, epoch_files * (sum(ks) if ks else 1 + 3 * max_k), events_per_file)
     connect = None
     if mode == "connect":  # the Airflow server started next inherits SLUICE_SPARK_REMOTE
         connect, os.environ["SLUICE_SPARK_REMOTE"] = start_connect_server(work)
@@ -257,10 +259,13 @@ def airflow_coordination(work: Path, mode: str, epoch_files: int, events_per_fil
 
             files = iter(sorted(staging.glob("*.json")))
             k_run = 1
+            k_star = None if ks else max_k
+            for k in ks or []:
+                groups.append(run_group([next(files) for _ in range(epoch_files * k)], k))
             # Drizzle's AIMD: grow k until coordination is <= 10 % of the group, i.e.
             # k >= 9 C / E. The k = 1 run has only a cold epoch, so its estimate is low and
             # a second step uses the warm epoch time of the first k > 1 run.
-            for _ in range(4):
+            for _ in range(0 if ks else 4):
                 groups.append(run_group([next(files) for _ in range(epoch_files * k_run)], k_run))
                 last = groups[-1]
                 c, e = last["coordination_s"], last["warm_epoch_s"]
@@ -282,7 +287,11 @@ def airflow_coordination(work: Path, mode: str, epoch_files: int, events_per_fil
             connect.terminate()
             connect.wait(timeout=60)
     steady = groups[-1]
+    by_k: dict[int, list[float]] = {}
+    for g in groups:
+        by_k.setdefault(g["k"], []).append(g["coordination_fraction"])
     return {"mode": mode, "groups": groups, "k_aimd": k_star, "k_run": k_run,
+            "coordination_fraction_by_k": {k: stats(v, 4) for k, v in sorted(by_k.items())},
             "airflow_cpu_s_per_group": stats([g["cpu_s"]["airflow_tasks"] for g in groups], 1)["median"],
             "coordination_s_per_group": groups[0]["coordination_s"],
             "coordination_fraction": steady["coordination_fraction"]}
@@ -590,6 +599,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--skip-airflow", action="store_true")
+    parser.add_argument("--airflow-only", action="store_true",
+                        help="only the Airflow coordination of --modes, merged into overhead.json (other keys kept)")
+    parser.add_argument("--max-k", type=int, default=None, help="the largest k the AIMD may run (32; 8 with --quick)")
+    parser.add_argument("--ks", default=None, help="groups at these k (e.g. 1,32) instead of the AIMD's")
     parser.add_argument("--modes", default="submit,connect", help="run_group modes measured under Airflow")
     parser.add_argument("--connect", action="store_true",
                         help="only a group's fixed CPU on a warm Connect server (added to overhead.json)")
@@ -617,17 +630,26 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps({k: v for k, v in out.items()
                           if k.startswith("connect_group_") and k != "connect_group_steps"}))
         return 0
-    print("cold start", flush=True)
-    result: dict[str, Any] = {"cold_start": cold_start(work, 2 if args.quick else 3)}
-    print("fixed cost per epoch", flush=True)
-    result["epoch_fixed_cost"] = epoch_fixed_cost(work, 5 if args.quick else 12)
-    result["airflow"] = {}
+    max_k = args.max_k or (8 if args.quick else 32)
+    if args.airflow_only:  # the other figures of overhead.json stay as they were
+        path = results_dir() / "overhead.json"
+        result = json.loads(path.read_text()) if path.exists() else {}
+    else:  # a warm Connect server's figures (--connect) are kept
+        path = results_dir() / "overhead.json"
+        kept = json.loads(path.read_text()) if path.exists() and not args.quick else {}
+        print("cold start", flush=True)
+        result = {k: v for k, v in kept.items() if k.startswith("connect_")}
+        result["cold_start"] = cold_start(work, 2 if args.quick else 3)
+        print("fixed cost per epoch", flush=True)
+        result["epoch_fixed_cost"] = epoch_fixed_cost(work, 5 if args.quick else 12)
+    result["airflow"] = result.get("airflow", {}) if args.airflow_only else {}
     if not args.skip_airflow:
         for mode in args.modes.split(","):
             print(f"airflow coordination ({mode})", flush=True)
             try:
                 result["airflow"][mode] = airflow_coordination(
-                    work, mode, epoch_files=4, events_per_file=10_000, max_k=8 if args.quick else 32)
+                    work, mode, epoch_files=4, events_per_file=10_000, max_k=max_k,
+                    ks=[int(k) for k in args.ks.split(",")] if args.ks else None)
             except Exception as exc:  # keep the other figures; say what failed
                 result["airflow"][mode] = {"failed": f"{type(exc).__name__}: {exc}"}
     measured = {m: r for m, r in result["airflow"].items() if "coordination_fraction" in r}

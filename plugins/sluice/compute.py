@@ -277,10 +277,18 @@ class SparkCompute(Compute):
         self.spark = spark
         self.tables = tables
         self.transform = transform_for(spec)
-        self.suites = {s.name: validation.load_suite(s.expectations) for s in spec.sinks if s.expectations}
+        validation.warm_in_background(spec)  # GX's import and context, while this group waits on Spark
+        self._suites: dict[str, Any] | None = None
         self._refs: dict[str, DataFrame] | None = None
         self._prefetched: _Read | None = None
         self.memory = MemoryProbe(spark, spec.name)  # per group (or epoch): the controllers' memory budget
+
+    @property
+    def suites(self) -> dict[str, Any]:
+        """Each sink's expectation suite, read when first validated (GX is imported meanwhile)."""
+        if self._suites is None:
+            self._suites = {s.name: validation.load_suite(s.expectations) for s in self.spec.sinks if s.expectations}
+        return self._suites
 
     @property
     def refs(self) -> dict[str, DataFrame]:

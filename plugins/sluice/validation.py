@@ -14,7 +14,9 @@ Suites are GX Core 1.x ``ExpectationSuite`` JSON files (``include/expectations/`
 from __future__ import annotations
 
 import json
+import logging
 import os
+import threading
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
@@ -26,7 +28,13 @@ if TYPE_CHECKING:
     from great_expectations.core import ExpectationSuite
     from pyspark.sql import DataFrame
 
+    from sluice.spec import PipelineSpec
+
 ROW_ID = "_sluice_row"
+log = logging.getLogger(__name__)
+_CONTEXT_LOCK = threading.Lock()  # GX's context is made once, by the warm-up or the first validation
+_WARM_LOCK = threading.Lock()
+_warming: threading.Thread | None = None
 
 
 class ValidationFailedError(OperatorActionRequired):
@@ -90,8 +98,10 @@ def load_suite(path: str | Path) -> ExpectationSuite:
 
 
 @cache
-def _batch_definition() -> Any:
-    """One ephemeral GX context per process (its first validation costs seconds)."""
+def _context() -> Any:
+    """GX imported and its ephemeral context made, once per process (seconds of CPU); no Spark
+    is touched (``_batch_definition`` adds the Spark datasource, whose engine asks for a
+    session)."""
     os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")
     import great_expectations as gx
     from great_expectations.data_context.types.base import ProgressBarsConfig
@@ -101,8 +111,44 @@ def _batch_definition() -> Any:
     quiet_libraries()  # its modules, now imported, set some of their loggers to INFO
     context = gx.get_context(mode="ephemeral")
     context.variables.progress_bars = ProgressBarsConfig(globally=False, metric_calculations=False)
-    asset = context.data_sources.add_spark(name="sluice").add_dataframe_asset(name="epoch_output")
-    return asset.add_batch_definition_whole_dataframe(name="epoch")
+    return context
+
+
+@cache
+def _batch_definition() -> Any:
+    """The whole-dataframe batch of the Spark datasource, in the process's context. Called by a
+    validation, in the group's thread: GX's engine takes the session it finds (or would start
+    one), so this runs only where the group's session is up."""
+    with _CONTEXT_LOCK:
+        asset = _context().data_sources.add_spark(name="sluice").add_dataframe_asset(name="epoch_output")
+        return asset.add_batch_definition_whole_dataframe(name="epoch")
+
+
+def warm_in_background(spec: PipelineSpec) -> threading.Thread | None:
+    """Import GX and make its context (``_context``) in a thread of its own while the group's
+    process waits on Spark (the tables' readiness, the group's read), so the first validation
+    does not pay for them in the group's critical path. Nothing of Spark is touched there (a
+    GX Spark engine made without the group's session would start a local one). ``None`` when no
+    sink has a suite or it ran already in this process. Not a daemon: an exit waits for an
+    import under way (a daemon thread killed mid-import at shutdown can abort the interpreter).
+    A failure is left to the first validation to raise."""
+    global _warming
+    if not any(s.expectations for s in spec.sinks):
+        return None
+    with _WARM_LOCK:
+        if _warming is not None or _context.cache_info().currsize:
+            return None
+
+        def build() -> None:
+            try:
+                with _CONTEXT_LOCK:
+                    _context()
+            except Exception as exc:  # the validation that needs it raises it, in context
+                log.debug("pipeline %s: GX not loaded ahead: %s", spec.name, exc)
+
+        _warming = threading.Thread(target=build, name=f"sluice-gx-{spec.name}")
+        _warming.start()
+        return _warming
 
 
 def _failures(result: Any) -> list[dict[str, Any]]:

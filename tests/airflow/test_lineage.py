@@ -194,7 +194,7 @@ def test_submit_operator_gathers_its_run_facet_only_when_configured(monkeypatch)
     from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 
     import sluice.spark
-    from sluice.airflow.operators import RunGroupSubmitOperator
+    from sluice.airflow.submit import RunGroupSubmitOperator
     from sluice.protocol.run import PipelineRun
     from sluice.store import EpochStore
 

@@ -89,12 +89,12 @@ def test_a_group_gets_c2_once_its_files_hold_more_records_than_the_break_even(sp
 def test_the_submit_task_gives_a_large_planned_group_c2s_options(spec, tmp_path, monkeypatch):
     """``RunGroupSubmitOperator`` swaps the DAG's C1 options for C2's when the planned group (the
     plan's XCom) is at or above the break-even, and leaves a spec's own options alone."""
-    from sluice.airflow.operators import RunGroupSubmitOperator
+    from sluice.airflow.submit import RunGroupSubmitOperator
     from sluice.spark import RUN_ONCE_C2_JAVA_OPTIONS, RUN_ONCE_JAVA_OPTIONS
 
     url = f"sqlite:///{tmp_path}/s.db"
     monkeypatch.setenv("SLUICE_STORE_URL", url)
-    monkeypatch.setattr("sluice.airflow.operators.get_spec", lambda name: spec)
+    monkeypatch.setattr("sluice.airflow.submit.get_spec", lambda name: spec)
     store = EpochStore(url)
     try:
         store.register_files(NAME, [(f"/in/{i}.json", 4_000, 1000.0 + i) for i in range(3)])

@@ -273,14 +273,14 @@ def test_the_submit_task_hands_the_kafka_connection_to_its_job(tmp_path, monkeyp
     the command's conf."""
     from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 
-    from sluice.airflow.operators import RunGroupSubmitOperator
+    from sluice.airflow.submit import RunGroupSubmitOperator
 
     secret = "pw-submit-98765"
     monkeypatch.setenv("AIRFLOW_CONN_KAFKA_SUBMIT", json.dumps({
         "conn_type": "kafka", "login": "alice", "password": secret, "extra": {"security_protocol": "SASL_PLAINTEXT"}}))
     monkeypatch.setenv("SLUICE_STORE_URL", f"sqlite:///{tmp_path}/s.db")
     spec = load_spec(kafka_spec(tmp_path, source={"connection": "kafka_submit"}))
-    monkeypatch.setattr("sluice.airflow.operators.get_spec", lambda name: spec)
+    monkeypatch.setattr("sluice.airflow.submit.get_spec", lambda name: spec)
     seen = {}
     monkeypatch.setattr(SparkSubmitOperator, "execute", lambda self, context: seen.update(env=dict(self.env_vars),
                                                                                           conf=dict(self.conf)))

@@ -28,7 +28,6 @@ from sluice.airflow.operators import (
     PlanGroupOperator,
     RollbackOperator,
     RunGroupOperator,
-    RunGroupSubmitOperator,
     ShadowPreviewOperator,
     SkipFileOperator,
     ValidateOperator,
@@ -96,6 +95,8 @@ def build_dag(spec: PipelineSpec) -> DAG:
                              soft_fail=True, retries=0)
         plan = PlanGroupOperator(task_id="plan_group", pipeline=spec.name)
         if spec.spark.mode == "submit" and not remote_url():  # no JVM per group with a Connect server
+            from sluice.airflow.submit import RunGroupSubmitOperator
+
             jars = jars_dir()
             run = RunGroupSubmitOperator(
                 task_id="run_group", pipeline=spec.name,

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from airflow.triggers.base import BaseEventTrigger, BaseTrigger, TriggerEvent
 from sqlalchemy import make_url
 
-from sluice import adaptive, protocol
+from sluice import protocol
 from sluice.store import EpochStore
 
 if TYPE_CHECKING:
@@ -72,6 +72,7 @@ def check_backlog(pipeline: str, store_url: str | None, min_files: int = 1, stor
     (epoch size, k, partitions, reason) comes from the adaptive controllers
     (``sluice.adaptive``). Blocking (file listing, SQL): the trigger runs it in a thread.
     """
+    from sluice import adaptive  # the controllers (numpy): not imported by every task's DAG parse
     from sluice.protocol.planning import halt_reason
     from sluice.spec import get_spec
 

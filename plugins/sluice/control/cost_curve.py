@@ -27,7 +27,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from scipy.optimize import isotonic_regression, nnls
 
 #: Geometric width of a records bin.
 BIN_RATIO = 1.25
@@ -127,6 +126,8 @@ class CostCurve:
             ns.append(n)
             ts.append(n * best[b][1])
             ws.append(min(sum(v[2] for v in self.bins[b].values()), 5.0))
+        from scipy.optimize import isotonic_regression  # ~0.4 s to import: not in every task's DAG parse
+
         t = isotonic_regression(np.array(ts), weights=np.array(ws), increasing=True).x if ts else np.array([])
         out = (np.array(ns), np.asarray(t, float))
         self._cache = (self._version, out)
@@ -136,6 +137,8 @@ class CostCurve:
         """``(a, b) >= 0`` with ``T(n) = a + b n`` fitted (non-negative least squares, relative
         errors) to the bins: ``a`` is what an epoch costs whatever its records (commit, planning,
         task start), the floor of any epoch's time."""
+        from scipy.optimize import nnls
+
         n, t = self.curve()
         u = n / n[-1]
         coef, _ = nnls(np.stack([np.ones_like(u), u], axis=1) / t[:, None], np.ones_like(t))
@@ -148,6 +151,8 @@ class CostCurve:
         n, t = self.curve()
         if len(n) < 3:
             return None
+        from scipy.optimize import nnls
+
         scale = n[-1]
         u = n / scale
         rows = np.stack([np.ones_like(u), u, u * u], axis=1) / t[:, None]

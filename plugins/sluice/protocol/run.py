@@ -25,7 +25,7 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
-from sluice import adaptive, faults, validation
+from sluice import faults, validation
 from sluice.errors import FencedError, OperatorActionRequired, PipelineBusyError, PipelineHaltedError
 from sluice.model import (
     COMMITTED,
@@ -314,13 +314,16 @@ class PipelineRun:
                 actions.append(operations.redo_group(spec, store, runtime, lease, done))
                 groups = store.unpublished_groups(spec.name, self.owner)
         job = GroupJob(spec, store, runtime)
-        # One commit per group computes the group as one job: concurrent epochs are moot.
-        level = 1 if spec.commit == "group" else concurrency or adaptive.concurrency_level(spec, store)
+        if spec.commit == "group":  # one commit per group computes the group as one job: concurrent epochs are moot
+            ran = [job.run(lease, g).as_record() for g in groups]
+            return {"pipeline": spec.name, "groups": ran, "rollbacks": actions, "concurrency": 1}
+        from sluice import adaptive  # the controllers (numpy): not imported by every task's DAG parse
+
+        level = concurrency or adaptive.concurrency_level(spec, store)
         t0 = time.monotonic()
         ran = [job.run(lease, g, concurrency=level).as_record() for g in groups]
         n = sum(e["rows"].get("input", 0) for g in ran for e in g["epochs"] if e["state"] == COMMITTED)
-        if spec.commit == "epoch":
-            adaptive.record_concurrency(spec, store, level, n, time.monotonic() - t0)
+        adaptive.record_concurrency(spec, store, level, n, time.monotonic() - t0)
         return {"pipeline": spec.name, "groups": ran, "rollbacks": actions, "concurrency": level}
 
     # -- validate: the gate before publishing -----------------------------------------------------
@@ -406,6 +409,8 @@ class PipelineRun:
         operations.write_rollback_records(spec, store, self._runtime())
         store.release_lease(lease)
         if spec.control.adaptive:
+            from sluice import adaptive
+
             for g in groups:
                 try:
                     adaptive.record_group(spec, store, g)
