@@ -22,6 +22,7 @@ import uuid
 from collections import Counter
 from collections.abc import Iterable, Iterator
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
 ADS_CSV = ROOT / "include" / "reference" / "ysb_ads.csv"
@@ -158,7 +159,7 @@ def consume(bootstrap: str, topic: str) -> list[tuple[str, int, bytes]]:
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "oracle", "enable.auto.commit": False})
     try:
         partitions = sorted(consumer.list_topics(topic, timeout=15).topics[topic].partitions)
-        ends = {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=15) for p in partitions}
+        ends = {p: _watermarks(consumer, TopicPartition(topic, p)) for p in partitions}
         consumer.assign([TopicPartition(topic, p, low) for p, (low, _) in ends.items()])
         records, remaining = [], {p for p, (low, high) in ends.items() if high > low}
         while remaining:
@@ -175,6 +176,23 @@ def consume(bootstrap: str, topic: str) -> list[tuple[str, int, bytes]]:
         return records
     finally:
         consumer.close()
+
+
+def _watermarks(consumer: Any, partition: Any, timeout_s: float = 60.0) -> tuple[int, int]:
+    """A partition's low and high offsets. A broker that has just (re)started on its old data
+    answers "not leader" (or "leader not available") until the partition's leader is elected:
+    those are retried for ``timeout_s``; any other error is raised."""
+    from confluent_kafka import KafkaError, KafkaException
+
+    retriable = {KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE}
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            return consumer.get_watermark_offsets(partition, timeout=15)
+        except KafkaException as exc:
+            if exc.args[0].code() not in retriable or time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
 
 
 def parse_valid(line: str) -> dict | None:
