@@ -182,8 +182,24 @@ def test_catch_up_takes_more_epochs_of_an_efficient_size_then_returns_to_the_sta
     assert catch.reason == "catch-up" and catch.epoch_size > stable.epoch_size and catch.k > 1
     assert catch.epoch_size * 1000.0 <= state.epoch.size_limit_records()
     assert catch.epoch_size <= 120  # memory budget: 120,000 records at 1,000 records per file
-    back = plan_next(state, Observation(1000.0, 1.0, backlog_files=5))
+    # a backlog a few files short of the stable group: the group waits for the rest, as before
+    back = plan_next(state, Observation(1000.0, 1.0, backlog_files=stable.epoch_size * stable.k - 3))
     assert back == stable
+
+
+def test_files_waiting_are_taken_now_rather_than_idle_longer_than_a_fixed_cost():
+    state = ControlState.new(EpochSizeConfig(partitions=(2,), initial_partitions=2), GroupSizeConfig(k0=4))
+    stable = drive(state, [1000.0] * 15)[-1]
+    span = stable.epoch_size * stable.k
+    assert stable.reason == "stable" and span - 5 > F
+    # 5 files wait and the stable group spans more than F seconds beyond them: waiting for the
+    # rest would leave the engine idle longer than one more group's fixed cost, so the 5 go now
+    now = plan_next(state, Observation(1000.0, 1.0, backlog_files=5))
+    assert now.reason == "stable" and now.epoch_size * now.k == 5
+    assert now.predicted_wall_s < stable.predicted_wall_s
+    # within F of the stable span, or with nothing waiting, the stable group is planned as before
+    assert plan_next(state, Observation(1000.0, 1.0, backlog_files=span - 3)) == stable
+    assert plan_next(state, Observation(1000.0, 1.0, backlog_files=0)) == stable
 
 
 def test_round_trip_gives_the_same_decisions():

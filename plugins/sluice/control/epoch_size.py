@@ -21,7 +21,14 @@ What is kept from the paper:
 What run-once groups add: a group of ``k`` epochs pays the coordination cost ``F`` once, so the
 stability test is on the group, ``k * x / file_rate >= F + k * IsoR(x) + c``; among ``k <= k_cap``
 (the AIMD cap, see ``group_size``) the plan is the stable group with the smallest data span, which
-is the one with the lowest freshness. With ``k = 1`` this is exactly DyBBS's rule.
+is the one with the lowest freshness. With ``k = 1`` this is exactly DyBBS's rule. A stable group
+waits for its files; when fewer wait than it spans and the rest would leave the engine idle longer
+than the fixed cost ``F``, the group takes what waits instead: a group more costs ``F``, less than
+the wait it saves each waiting file (unless the group's epochs are larger than any measured: it
+is then also the probe that widens the cost curve).
+In a steady state the wait is about ``c`` and nothing changes; when the rate rises, the smallest
+stable span jumps (near capacity it grows as ``F / (1 - utilisation)``), and waiting idle for it
+would put the whole jump on top of a backlog that grows while the rate is high (issue 36).
 
 The cost curve (``cost_curve.CostCurve``): seconds against an epoch's *records*, per partition
 count, pooled over every rate bin. A cell's fit takes the curve's sizes (converted to files at
@@ -398,6 +405,16 @@ class EpochSizeController:
                 # group more; its epochs grow to hold them (within the size limit, so never into
                 # the steep part; beyond catchup_factor groups the catch-up plan drains instead)
                 x = max(x, min(limit, backlog_files // k))
+            elif (0 < backlog_files < x * k and (x * k - backlog_files) / file_rate > coord
+                  and x * rpf <= self.curve.largest() * 1.0001):
+                # fewer files wait than the group spans, and the rest would keep the engine idle
+                # longer than a group's fixed cost: take what waits now (one more fixed cost is
+                # less than the wait it saves every file waiting); a rate that rose makes the
+                # smallest stable span jump, and the idle wait would otherwise come on top of it.
+                # Not an epoch larger than any measured: that group is also the size limit's
+                # probe, and cutting it would keep the curve, and a later drain, at small sizes.
+                k = max(1, math.ceil(backlog_files / x))
+                x = math.ceil(backlog_files / k)
             wall = float(coord + k * predict(fit, x))
             explore = self.curve.choose_partitions(x * rpf, cfg.partitions)
             # never explore below the configured count (the cores): fewer partitions than cores
