@@ -631,18 +631,17 @@ def main(argv: list[str] | None = None) -> int:
                           if k.startswith("connect_group_") and k != "connect_group_steps"}))
         return 0
     max_k = args.max_k or (8 if args.quick else 32)
+    path = results_dir() / "overhead.json"
+    kept = json.loads(path.read_text()) if path.exists() else {}
     if args.airflow_only:  # the other figures of overhead.json stay as they were
-        path = results_dir() / "overhead.json"
-        result = json.loads(path.read_text()) if path.exists() else {}
-    else:  # a warm Connect server's figures (--connect) are kept
-        path = results_dir() / "overhead.json"
-        kept = json.loads(path.read_text()) if path.exists() and not args.quick else {}
+        result = kept
+    else:  # a warm Connect server's figures (--connect) are kept, but by a quick run's
+        result = {} if args.quick else {k: v for k, v in kept.items() if k.startswith("connect_")}
         print("cold start", flush=True)
-        result = {k: v for k, v in kept.items() if k.startswith("connect_")}
         result["cold_start"] = cold_start(work, 2 if args.quick else 3)
         print("fixed cost per epoch", flush=True)
         result["epoch_fixed_cost"] = epoch_fixed_cost(work, 5 if args.quick else 12)
-    result["airflow"] = result.get("airflow", {}) if args.airflow_only else {}
+    result.setdefault("airflow", {})
     if not args.skip_airflow:
         for mode in args.modes.split(","):
             print(f"airflow coordination ({mode})", flush=True)
