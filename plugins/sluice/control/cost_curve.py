@@ -339,7 +339,9 @@ class CostCurve:
     def limit(self, ratio: float, measured: bool = False) -> float:
         """The largest epoch (records) not in the steep part: from the best bin upwards, where the
         predicted cost per record first exceeds ``ratio`` times the best measured one (log-linear
-        between bins, the extrapolation above them); ``inf`` when the curve does not turn."""
+        between bins, the extrapolation above them; at the bin below a jump steeper than quadratic
+        work, a threshold); ``inf`` when the curve does not turn. ``measured``: only a
+        steep part the bins show, crossed log-linearly (the bound for the densest files lately)."""
         n, t = self.curve()
         if len(n) < 2:
             return math.inf
@@ -347,7 +349,15 @@ class CostCurve:
         i = int(np.argmin(c))
         bound = ratio * self.tolerance() * c[i]
         for j in range(i + 1, len(n)):
-            if c[j] > bound:  # crossing between bins j - 1 and j, in log space
+            if c[j] > bound:
+                if not measured and len(n) >= 4 and c[j] / c[j - 1] > n[j] / n[j - 1]:
+                    # the cost per record rising faster than the size (steeper than quadratic
+                    # work): a threshold (a memory cliff, a spill) lies somewhere between the
+                    # bins, where a chord would place the limit past it; the size limit stays at
+                    # the last size measured below it (the bins of a few early groups are too
+                    # few to tell a threshold from a noisy start)
+                    return float(n[j - 1])
+                # crossing between bins j - 1 and j, in log space
                 lo, hi = math.log(c[j - 1]), math.log(c[j])
                 frac = (math.log(bound) - lo) / (hi - lo) if hi > lo else 0.0
                 return float(math.exp(math.log(n[j - 1]) + frac * (math.log(n[j]) - math.log(n[j - 1]))))
