@@ -24,6 +24,10 @@ class OperatorActionRequired(SluiceError):
     the spec). Airflow tasks fail at once on it, without their retries."""
 
 
+class StoreLostError(OperatorActionRequired):
+    """The epoch store does not know a pipeline whose tables hold its commits."""
+
+
 class FencedError(OperatorActionRequired):
     """This run's lease was taken over by a newer run; it must stop without committing."""
 

@@ -291,7 +291,7 @@ def test_vanished_file_halts_at_max_attempts_then_a_recorded_skip_lets_the_pipel
     with pytest.raises(PipelineHaltedError):
         PipelineRun(spec, store, "next").plan()
     report = operations.skip_file(spec, store, victim.name, by="ops:test", reason="upload lost")
-    assert report["file"] == str(victim) and report["epochs"] == [1]
+    assert report["file"] == str(victim) and report["epochs"] == [1] and report["written"] == []
     assert halt_reason(store, spec.name, 3, 10) is None
     run_once(spec, store, spark, drain=True)
     assert {e.state for e in store.epochs(spec.name)} == {protocol.PUBLISHED}
@@ -300,6 +300,12 @@ def test_vanished_file_halts_at_max_attempts_then_a_recorded_skip_lets_the_pipel
     assert sorted(rejected_lines(spark, spec)) == sorted(invalid_lines(remaining))
     skipped = [f for f in store.manifest(spec.name) if f.skipped]
     assert [(f.path, f.skipped.by, f.skipped.reason) for f in skipped] == [(str(victim), "ops:test", "upload lost")]
+    # A file of a published epoch: the skip is recorded for reruns, and the report says its rows
+    # stay in the tables until that epoch is rolled back (a skip rewrites nothing by itself).
+    first = next(e for e in store.manifest(spec.name) if e.position == 0)
+    report = operations.skip_file(spec, store, first.path, by="ops:test", reason="bad upload")
+    assert report["epochs"] == [0] and report["written"] == [0] and "rolled back" in report["note"]
+    assert table_counts(spark, spec) == expected_window_counts(remaining)
 
 
 @pytest.mark.parametrize("mode", ["recompute", pytest.param("only", marks=pytest.mark.variant),

@@ -399,6 +399,35 @@ def test_a_store_lost_and_replaced_refuses_to_start_over_until_rebuilt(world, tm
     assert_oracle(w)
 
 
+def test_a_rollback_on_a_lost_store_is_refused_and_the_rebuild_still_brings_everything_back(world, tmp_path):
+    """Found by the simulation (seed 31001878): after the store was lost, an operator's rollback
+    to epoch 0 ran on the new, empty store: it RESTOREd away every published row and wrote its
+    history (generation 1) into the store and next to the sinks; the rebuild then failed on that
+    history's duplicate, and every run refused the store as lost: no action unblocked it. A
+    rollback on a store that knows no epoch of a pipeline whose tables hold its commits is now
+    refused like a run, changing nothing, and names the rebuild; a rebuild into a store holding a
+    stray rollback record replaces it with the tables' own."""
+    w = world()
+    w.land(4)
+    assert drain(w, "scheduled__1")
+    held = w.held()
+    w.lose_store(tmp_path / "sim" / "template.db")
+    roll = actors.rollback_run(w, "manual__1", 0, recompute=True, take_over=True)
+    w.sched.run_until(roll)
+    assert roll.result == "failed" and "rebuild-store" in roll.note, roll.note
+    assert w.held() == held, "the refused rollback restored nothing"
+    assert w.store().pending_rollback(PIPELINE) is None
+    with w.store().transaction(PIPELINE, step="stray") as tx:  # what the old code left behind
+        tx.add_rollback(1, {"pipeline": PIPELINE, "generation": 1, "to_epoch": 0})
+    rebuild = actors.rebuild_run(w, "rebuild_1")
+    w.sched.run_until(rebuild)
+    assert rebuild.result == "rebuilt", rebuild.note
+    settle(w)
+    assert drain(w)
+    assert_oracle(w)
+    assert w.held() == held, "the published rows are all there, once"
+
+
 def test_a_stale_token_cannot_fence_a_table_back(world):
     """A fence of an older token is refused, and says so (Delta would skip it silently)."""
     w = world()

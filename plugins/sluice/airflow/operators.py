@@ -459,8 +459,8 @@ class SkipFileOperator(_PipelineOperator):
                                           by=lease_owner(context["dag"].dag_id, context["run_id"]))
         finally:
             store.close()
-        self.log.info("Skipped %s (offset %s) of %s: %s; epochs %s read without it", report["file"],
-                      report["position"], spec.name, params["reason"], report["epochs"])
+        self.log.info("Skipped %s (offset %s) of %s: %s; %s", report["file"], report["position"], spec.name,
+                      params["reason"], report["note"])
         return report
 
 

@@ -26,10 +26,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from sluice import faults
-from sluice.errors import OperatorActionRequired, ProtocolError, SluiceError, SourceError
+from sluice.errors import OperatorActionRequired, ProtocolError, SluiceError, SourceError, StoreLostError
 from sluice.model import (
     COMMITTED,
     PLANNED,
+    PUBLISHED,
     ROLLED_BACK,
     UNFINISHED,
     Epoch,
@@ -50,6 +51,7 @@ from sluice.store import EpochStore, records
 from sluice.store.epoch_store import REBUILD_MARGIN, redacted, token_base, utcnow
 
 if TYPE_CHECKING:
+    from sluice.delta import Tables
     from sluice.protocol.runtime import Runtime
 
 log = logging.getLogger("sluice.protocol.operations")
@@ -150,6 +152,27 @@ def source_problems(spec: PipelineSpec, store: EpochStore, plan: RollbackPlan) -
     except SourceError as exc:
         return [f"the source no longer holds the data to recompute: {exc}"]
     return []
+
+
+def check_new_to_store(spec: PipelineSpec, store: EpochStore, tables: Tables) -> None:
+    """A pipeline of which the store knows no epoch must not find its tables made or written by
+    an earlier run: the store was lost or replaced. A run now would start again from offset 0 and
+    write those records again, beside a run of the lost store that may still be going; a
+    rollback would restore away what a rebuild brings back, and leave a history the rebuild
+    cannot load. Raise ``StoreLostError``, changing nothing, naming the way out (``sluice
+    rebuild-store``: it fences the tables above every token and restores what no record vouches
+    for)."""
+    for table in pipeline_tables(spec):
+        if not tables.exists(table.path):
+            continue
+        written = next((c for c in rules.current_lineage(tables.lineage(table.path)) if c.pipeline == spec.name),
+                       None)
+        if written is not None:
+            raise StoreLostError(
+                f"pipeline {spec.name!r} is new to the epoch store at {redacted(store.url)}, but its table "
+                f"{table.path} holds its commits (version {written.version}, lease token {written.token}): the "
+                f"store was lost or replaced. Nothing was changed. Rebuild the store from the tables' epoch "
+                f"records: `make store-rebuild PIPELINE={spec.name}` (sluice rebuild-store --pipeline {spec.name})")
 
 
 def check_preconditions(spec: PipelineSpec, store: EpochStore, runtime: Runtime,
@@ -269,6 +292,8 @@ def rollback(spec: PipelineSpec, store: EpochStore, runtime: Runtime, lease: Lea
 
 def _rollback(spec: PipelineSpec, store: EpochStore, runtime: Runtime, lease: Lease, *, to_epoch: int,
               reason: str, recompute: bool, through_epoch: int | None) -> dict[str, Any]:
+    if not store.knows(spec.name):
+        check_new_to_store(spec, store, runtime.tables)
     plan, shared = group_rollback_plan(store, spec.name, to_epoch)
     replan_later = recompute
     if shared:
@@ -482,7 +507,7 @@ def load_records(store: EpochStore, pipeline: str, generation: int, files: list[
     """The manifest, the epochs (all published, in ``generation``), their groups and the
     rollbacks' records, in one transaction, with ``intent`` halting the pipeline until the
     rebuild clears it; ``fence``: the last lease token the tables hold."""
-    from sluice.model import PUBLISHED, parse_iso
+    from sluice.model import parse_iso
 
     with store.transaction(pipeline, step="load_records") as tx:
         now = tx.now()
@@ -491,6 +516,7 @@ def load_records(store: EpochStore, pipeline: str, generation: int, files: list[
             raise SluiceError(f"pipeline {pipeline!r}: a run planned epochs in the empty store while it was being "
                               "rebuilt; empty the store again and run the rebuild again")
         tx.forget_files()  # registered by a run the empty store refused: the records' manifest replaces it
+        tx.forget_rollbacks()  # the records next to the sinks are the whole history; a copy here would clash
         tx.update_state(generation=generation, fence=fence, rebuilt_at=now,
                         intent=RollbackIntent(**{**vars(intent), "started_at": now.isoformat() + "Z"}))
         tx.add_files(files)
@@ -530,10 +556,17 @@ def skip_file(spec: PipelineSpec, store: EpochStore, path: str, *, by: str, reas
     known = {p for p, _, _ in store.known_files(spec.name)}
     match = next((c for c in candidates if c in known), candidates[0])
     entry, ids = skip_entry(store, spec.name, match, by=by, reason=reason)
-    log.warning("pipeline %s: file %s (offset %s) skipped by %s: %s; epochs %s read without it", spec.name,
-                entry.path, entry.position, by, reason, ids)
+    # a skip changes what is read from now on, not what was written: rows of the file that a
+    # committed or published epoch holds stay in the tables until those epochs are rolled back
+    written = [e.epoch_id for e in store.epochs(spec.name) if e.epoch_id in ids and e.state in (COMMITTED, PUBLISHED)]
+    note = (f"epochs {written} were written with it: its rows stay in the tables until they are rolled back "
+            f"(sluice rollback --pipeline {spec.name} --to-epoch {written[0]} --reason ...), whose rerun reads "
+            "without it"
+            if written else f"epochs {ids} read without it")
+    log.warning("pipeline %s: file %s (offset %s) skipped by %s: %s; %s", spec.name, entry.path, entry.position, by,
+                reason, note)
     return {"pipeline": spec.name, "file": entry.path, "position": entry.position, "epochs": ids,
-            "skipped": entry.skipped.as_record() if entry.skipped else None}
+            "written": written, "note": note, "skipped": entry.skipped.as_record() if entry.skipped else None}
 
 
 def skip_entry(store: EpochStore, pipeline: str, path: str, *, by: str, reason: str) -> tuple[ManifestEntry, list[int]]:

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from sluice import faults, validation
-from sluice.errors import FencedError, OperatorActionRequired, PipelineBusyError, PipelineHaltedError
+from sluice.errors import FencedError, PipelineBusyError, PipelineHaltedError, StoreLostError
 from sluice.model import (
     COMMITTED,
     FAILED,
@@ -147,10 +147,6 @@ class GroupPlan:
                    PlannedRollback(rollback["to_epoch"], rollback["through_epoch"]) if rollback else None)
 
 
-class StoreLostError(OperatorActionRequired):
-    """The epoch store does not know a pipeline whose tables hold its commits."""
-
-
 def cli_owner() -> str:
     """The lease owner of this process, outside Airflow."""
     return str(LeaseOwner.this_process())
@@ -242,27 +238,8 @@ class PipelineRun:
         return planned
 
     def _check_new_to_store(self) -> None:
-        """A pipeline of which the store knows no epoch must not find its tables made or written
-        by an earlier run: the store was lost or replaced, and a run now would start again from
-        offset 0 and write those records again, beside a run of the lost store that may still be
-        going. Refuse, changing nothing, and name the way out (``sluice rebuild-store``: it
-        fences the tables above every token and restores what no record vouches for)."""
-        from sluice.protocol.rules import current_lineage
-        from sluice.protocol.tables import pipeline_tables
-
-        tables = self._runtime().tables
-        for table in pipeline_tables(self.spec):
-            if not tables.exists(table.path):
-                continue
-            written = next((c for c in current_lineage(tables.lineage(table.path)) if c.pipeline == self.spec.name),
-                           None)
-            if written is not None:
-                raise StoreLostError(
-                    f"pipeline {self.spec.name!r} is new to the epoch store at {redacted(self.store.url)}, but its "
-                    f"table {table.path} holds its commits (version {written.version}, lease token "
-                    f"{written.token}): the store was lost or replaced. Nothing was changed. Rebuild the store "
-                    f"from the tables' epoch records: `make store-rebuild PIPELINE={self.spec.name}` "
-                    f"(sluice rebuild-store --pipeline {self.spec.name})")
+        """``operations.check_new_to_store``: refuse, changing nothing, when the store was lost."""
+        operations.check_new_to_store(self.spec, self.store, self._runtime().tables)
 
     # -- 3-4. process and commit: one job and one Delta commit per table (``group``) ---------------
 

@@ -380,6 +380,10 @@ class StoreTx:
 
     # -- rollbacks -------------------------------------------------------------------------------
 
+    def forget_rollbacks(self) -> None:
+        """Drop the rollbacks' records (a rebuild replaces them with those next to the sinks)."""
+        self.conn.execute(delete(R).where(R.c.pipeline == self.pipeline))
+
     def add_rollback(self, generation: int, record: dict[str, Any]) -> None:
         self.conn.execute(insert(R).values(pipeline=self.pipeline, generation=generation, record=record,
                                            recorded_at=self.now()))
