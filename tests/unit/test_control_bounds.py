@@ -15,7 +15,8 @@ outcome is measured against the true cost model, not against the controllers' ow
 * under a measured steep part, epochs are sized for the densest files of the last epochs;
 * a cost per record that jumps between two bins (a memory cliff) keeps the limit below the jump;
 * noise alone does not read as a steep part (a cliff under the same noise still does);
-* partition counts are never explored below the configured count (the cores).
+* partition counts are never explored below the configured count (the cores), and a count
+  measured only on small epochs is tried again on large ones.
 
 About 5 s: 60 random runs of 30 groups each, two simulated hours, 40 planned groups.
 """
@@ -299,3 +300,32 @@ def test_partitions_are_never_explored_below_the_configured_count():
                            epoch_records=(int(d.epoch_size * rate),) * d.k, predicted_wall_s=d.predicted_wall_s)
     assert min(seen) >= EpochSizeConfig().initial_partitions, seen
     assert len(seen) > 1, seen  # the hill climb still explores, upwards
+
+
+def test_a_partition_count_tried_only_on_small_epochs_is_tried_again_on_large_ones():
+    """The best partition count moves with the epoch: per-task overhead rules small epochs,
+    per-record work (and skew, which more partitions spread) large ones. A count measured three
+    times on small epochs, where it lost, was never tried on large ones, so drains at 30x the size
+    kept the count that wins small (diurnal_spikes-noisy-117 ran P = 2 between P = 16 groups). It
+    is now tried again where it was never measured within ``NEAR_FACTOR`` of the planned size,
+    and kept only where the true cost model says it is cheaper."""
+    from sluice.control.cost_curve import NEAR_FACTOR
+
+    def true_s(n: float, p: int) -> float:  # 0.25 s a task; skew spread by more partitions
+        return 1 + 0.25 * p + 2e-4 * n * (1 + 4 / p) / min(p, 2)
+
+    grid = (1, 2, 4, 8, 16)
+    curve = CostCurve()
+    for n in (2_000, 3_000):
+        for p in (4, 8):
+            curve.add_group([float(n)] * 3, [true_s(n, p)] * 3, p)
+    for n in (50_000, 64_000):
+        curve.add_group([float(n)] * 3, [true_s(n, 4)] * 3, 4)
+    large = 64_000.0
+    assert true_s(large, 8) < true_s(large, 4) and true_s(2_000, 4) < true_s(2_000, 8)  # the premise
+    assert curve.samples(8) == 6 and curve.samples(8, near=large) == 0 and 2_000 * NEAR_FACTOR < 50_000
+    assert curve.choose_partitions(large, grid, explore=False) == 4  # judged on small epochs alone
+    assert curve.choose_partitions(large, grid, downwards=False) == 8, "tried again at the large size"
+    curve.add_group([large] * 3, [true_s(large, 8)] * 3, 8)
+    assert curve.choose_partitions(large, grid, explore=False) == 8  # measured there: it wins there
+    assert curve.choose_partitions(2_000.0, grid, explore=False) == 4  # and still loses on small epochs

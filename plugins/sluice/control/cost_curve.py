@@ -34,6 +34,9 @@ BIN_RATIO = 1.25
 LEVEL_ALPHA = 0.15
 #: Epochs a partition count is tried for before its score is trusted (one epoch is one noisy sample).
 EXPLORE_SAMPLES = 3
+#: A partition count is judged, and tried, by its epochs within this factor of the planned size:
+#: the best count moves with the size (per-task overhead rules small epochs, per-record work large ones).
+NEAR_FACTOR = 4.0
 #: How fast the measured noise follows (per group).
 NOISE_ALPHA = 0.2
 #: A curve whose largest size costs at most this much per record more than its cheapest is linear.
@@ -267,7 +270,8 @@ class CostCurve:
         comparison over many epochs, not one lucky sample); with ``explore``, a neighbour of it
         in ``grid`` measured fewer than ``EXPLORE_SAMPLES`` epochs yet (a few epochs tell how its
         whole curve moves, so each count is tried once, as DyBBS's hill climb tries a block
-        size), upwards first
+        size), upwards first; a neighbour measured only at sizes beyond ``NEAR_FACTOR`` of
+        ``records`` is tried again at this one
         (fewer partitions than cores is the risky direction: ``downwards=False`` never tries it).
         ``None`` before anything was measured."""
         if not self.bins or records < 1:
@@ -277,19 +281,22 @@ class CostCurve:
         score: dict[int, float] = {}
         for p in {p for cell in self.bins.values() for p in cell}:
             own = [(v[0], v[1] * self.level) for cell in self.bins.values() if (v := cell.get(p)) is not None]
-            near = [o for o in own if abs(o[0] - math.log(records)) <= math.log(4.0)] or own
+            near = [o for o in own if abs(o[0] - math.log(records)) <= math.log(NEAR_FACTOR)] or own
             score[p] = float(np.median([math.log(per) - np.interp(ln, log_n, log_c) for ln, per in near]))
         best = min(score, key=score.__getitem__)
         if explore and best in grid:
             i = grid.index(best)
             for j in (i + 1, i - 1) if downwards else (i + 1,):
-                if 0 <= j < len(grid) and self.samples(grid[j]) < EXPLORE_SAMPLES:
+                if 0 <= j < len(grid) and self.samples(grid[j], near=records) < EXPLORE_SAMPLES:
                     return grid[j]
         return best
 
-    def samples(self, partitions: int) -> int:
-        """Epochs measured at ``partitions`` (all sizes)."""
-        return int(sum(v[2] for cell in self.bins.values() if (v := cell.get(partitions)) is not None))
+    def samples(self, partitions: int, near: float | None = None) -> int:
+        """Epochs measured at ``partitions``: at all sizes, or within ``NEAR_FACTOR`` of ``near``
+        records (a count tried only on small epochs is tried again on large ones)."""
+        width = math.log(NEAR_FACTOR)
+        return int(sum(v[2] for cell in self.bins.values() if (v := cell.get(partitions)) is not None
+                       and (near is None or abs(v[0] - math.log(max(near, 1.0))) <= width)))
 
     @property
     def version(self) -> int:

@@ -420,7 +420,7 @@ class EpochSizeController:
             # never explore below the configured count (the cores): fewer partitions than cores
             # leave cores idle, and a probe there costs several times the planned wall
             if (explore is not None and explore != P and explore >= cfg.initial_partitions
-                    and self.curve.samples(explore) < EXPLORE_SAMPLES):
+                    and self.curve.samples(explore, near=x * rpf) < EXPLORE_SAMPLES):
                 return EpochPlan(x, k, explore, "stable, exploring partitions", wall)
             return EpochPlan(x, k, P, "stable", wall)
         if stable is not None:
