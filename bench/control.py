@@ -233,9 +233,9 @@ def run_family(seed: int) -> dict[str, Any]:
     return out
 
 
-#: Another noise seed of family trace ``seed``, replicate ``j`` (1, 2, ...): the same arrivals
-#: and cost model, other lognormal draws of every epoch's and group's time.
 def noise_seed(seed: int, j: int) -> int:
+    """Another noise seed of family trace ``seed``, replicate ``j`` (1, 2, ...): the same arrivals
+    and cost model, other lognormal draws of every epoch's and group's time."""
     return seed + 1_000_003 * j
 
 

@@ -43,6 +43,12 @@ NOISE_ALPHA = 0.2
 FLAT = 1.15
 
 
+
+def _near(log_records: float, records: float) -> bool:
+    """Whether a bin at ``log_records`` lies within ``NEAR_FACTOR`` of ``records``."""
+    return abs(log_records - math.log(max(records, 1.0))) <= math.log(NEAR_FACTOR)
+
+
 @dataclass
 class CostCurve:
     alpha: float = 0.3
@@ -281,7 +287,7 @@ class CostCurve:
         score: dict[int, float] = {}
         for p in {p for cell in self.bins.values() for p in cell}:
             own = [(v[0], v[1] * self.level) for cell in self.bins.values() if (v := cell.get(p)) is not None]
-            near = [o for o in own if abs(o[0] - math.log(records)) <= math.log(NEAR_FACTOR)] or own
+            near = [o for o in own if _near(o[0], records)] or own
             score[p] = float(np.median([math.log(per) - np.interp(ln, log_n, log_c) for ln, per in near]))
         best = min(score, key=score.__getitem__)
         if explore and best in grid:
@@ -294,9 +300,8 @@ class CostCurve:
     def samples(self, partitions: int, near: float | None = None) -> int:
         """Epochs measured at ``partitions``: at all sizes, or within ``NEAR_FACTOR`` of ``near``
         records (a count tried only on small epochs is tried again on large ones)."""
-        width = math.log(NEAR_FACTOR)
         return int(sum(v[2] for cell in self.bins.values() if (v := cell.get(partitions)) is not None
-                       and (near is None or abs(v[0] - math.log(max(near, 1.0))) <= width)))
+                       and (near is None or _near(v[0], near))))
 
     @property
     def version(self) -> int:

@@ -198,7 +198,7 @@ class PipelineRun:
         spec, store = self.spec, self.store
         context = planning.context(store, spec, self.owner if resume_own else None)
         if self.runtime is not None and not context.known:
-            self._check_new_to_store()
+            operations.check_new_to_store(spec, store, self._runtime().tables)  # refuses a lost store
         lease = acquire_lease(store, spec.name, self.owner, ttl_s=spec.control.lease_ttl_s,
                               take_over_prefix=take_over_prefix, alive=alive)
         try:
@@ -236,10 +236,6 @@ class PipelineRun:
                  [e.epoch_id for e in planned.epochs], [[e.start, e.end] for e in planned.epochs],
                  " (reprocessing a previous run's epochs)" if planned.reprocessing else "")
         return planned
-
-    def _check_new_to_store(self) -> None:
-        """``operations.check_new_to_store``: refuse, changing nothing, when the store was lost."""
-        operations.check_new_to_store(self.spec, self.store, self._runtime().tables)
 
     # -- 3-4. process and commit: one job and one Delta commit per table (``group``) ---------------
 
