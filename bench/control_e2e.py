@@ -163,9 +163,7 @@ def run_groups(spec: Any, store: Any, source: Any, lander: threading.Thread, sta
 
     while lander.is_alive() or source.backlog().files:
         backlog = source.backlog()
-        mtimes = [f[2] for f in source.list_folder()]
-        verdict = adaptive.decide(spec, store, backlog.files, backlog.oldest_age_s, mtimes,
-                                  continuous=lander.is_alive())
+        verdict = adaptive.decide_backlog(spec, store, backlog, continuous=lander.is_alive())
         if not verdict.fire:
             time.sleep(spec.control.poll_interval_s)
             continue

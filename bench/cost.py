@@ -311,8 +311,7 @@ def sluice(work: Path, name: str, rate: int, window: float, tag: str = "submit",
         polls += 1
         p0 = time.thread_time()
         backlog = source.backlog()
-        verdict = adaptive.decide(spec, store, backlog.files, backlog.oldest_age_s,
-                                  [f[2] for f in source.list_folder()], continuous=lander.is_alive())
+        verdict = adaptive.decide_backlog(spec, store, backlog, continuous=lander.is_alive())
         poll_cpu += time.thread_time() - p0
         if not verdict.fire:
             time.sleep(spec.control.poll_interval_s)

@@ -489,11 +489,13 @@ class Sluice:
     needs_truth = False
 
     def __init__(self, epoch: EpochSizeConfig | None = None, group: GroupSizeConfig | None = None,
-                 persist_every: int = 0, backlog_records: bool = False) -> None:
+                 persist_every: int = 0, backlog_records: bool = True) -> None:
         self.state = ControlState.new(epoch, group)
         self.last: GroupResult | None = None
         self.persist_every = persist_every
-        self.backlog_records = backlog_records  # whether the source tells the backlog's records (Kafka)
+        # whether the controllers see the backlog's records, as every source tells them
+        # (sluice.adaptive.backlog_records: Kafka's lag, files' bytes); False for an A/B
+        self.backlog_records = backlog_records
         self.notes: list[str] = []
 
     def decide(self, view: View) -> Decision:

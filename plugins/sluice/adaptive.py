@@ -18,7 +18,9 @@ from sluice import protocol
 from sluice.control import ControlState, Decision, GroupResult, Observation, fire_reason, plan_next
 from sluice.control.epoch_size import EpochSizeConfig
 from sluice.control.group_size import GroupSizeConfig
+from sluice.control.jit import estimate_records
 from sluice.control.planner import MemorySample, deadline_plan
+from sluice.sources.base import Backlog, read_history
 from sluice.spec import PipelineSpec
 from sluice.store import Epoch, EpochStore, Group
 
@@ -121,6 +123,19 @@ def records_per_file(spec: PipelineSpec, store: EpochStore, last: int = 20) -> f
     return _per_file(spec, store, lambda e: e.rows.get("input") or None, last)
 
 
+def backlog_records(spec: PipelineSpec, store: EpochStore, backlog: Backlog) -> float | None:
+    """What the backlog holds in records, when the source can say: Kafka's lag, or a file or
+    Delta source's bytes at the records per byte of its last published epochs. Files of a
+    burst, or after a quiet spell, hold more (or fewer) records than the last epochs' average
+    per file; the controllers size a drain or a catch-up by this rather than by that average."""
+    if backlog.records is not None:
+        return float(backlog.records)
+    if backlog.files <= 0 or backlog.bytes <= 0:
+        return None
+    records = estimate_records([backlog.bytes], sizes_are_records=False, history=read_history(spec, store))
+    return float(records) if records else None
+
+
 def seconds_per_file(spec: PipelineSpec, store: EpochStore, last: int = 20) -> float | None:
     """Processing seconds per source file over the last published epochs (``None``: none yet)."""
     return _per_file(spec, store, lambda e: float(e.timings["epoch_s"])
@@ -154,13 +169,14 @@ def arrivals_paused(spec: PipelineSpec, mtimes: list[float], file_rate: float, n
 
 
 def decide(spec: PipelineSpec, store: EpochStore, backlog_files: int, oldest_age_s: float | None,
-           mtimes: list[float], *, continuous: bool = True, backlog_records: int | None = None) -> Verdict:
+           mtimes: list[float], *, continuous: bool = True, backlog_records: float | None = None) -> Verdict:
     """Plan the next group and say whether to start it now. Under ``control.objective: latency``
     the backlog makes the planned group whole ("efficient group"), or waiting longer would break
     the freshness SLA ("freshness"); under ``cost`` only the SLA (or a backlog that fills the
     largest group) starts it, and it takes the whole backlog (``deadline_plan``). A scheduled
     (cron) run takes whatever is there ("scheduled"). ``backlog_records``: what the backlog holds
-    (a Kafka source's lag), which sizes its epochs when it holds more per file than the rate says."""
+    in records (``backlog_records()``), which sizes its epochs when it holds more per file than the
+    rate says."""
     rate_rps, file_rate = arrival_rates(spec, store, mtimes)
     state = load_state(spec, store)
     decision = plan_next(state, Observation(rate_rps, file_rate, backlog_files,
@@ -191,6 +207,13 @@ def decide(spec: PipelineSpec, store: EpochStore, backlog_files: int, oldest_age
     started = StartReason(fire, spec.control.objective, backlog_files, decision.group_files, oldest_age_s or 0.0,
                           decision.predicted_wall_s, spec.control.freshness_sla_s)
     return Verdict(decision, fire, rate_rps, file_rate, started)
+
+
+def decide_backlog(spec: PipelineSpec, store: EpochStore, backlog: Backlog, *, continuous: bool = True) -> Verdict:
+    """``decide`` on what a source's poll found (``Source.backlog()``): its files, their
+    age, when they arrived and the records they hold."""
+    return decide(spec, store, backlog.files, backlog.oldest_age_s, list(backlog.arrivals), continuous=continuous,
+                  backlog_records=backlog_records(spec, store, backlog))
 
 
 def max_epoch_files(spec: PipelineSpec, store: EpochStore, state: ControlState) -> int:

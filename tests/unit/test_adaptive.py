@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -238,3 +239,47 @@ def test_the_controllers_see_the_sla_and_the_backlog_records(log):
     verdict = adaptive.decide(spec, log, 100, oldest_age_s=100.0, mtimes=mtimes, backlog_records=100 * 3000)
     assert verdict.decision.predicted_wall_s <= 40.0
     assert verdict.decision.epoch_size * 3000 <= state.epoch.size_limit_records()
+
+
+def _land_lines(folder: Path, name: str, rng, records: int) -> int:
+    """A JSON-lines file of ``records`` records of random length; returns its line count as
+    written (the oracle: counted here, not by any sluice reader)."""
+    lines = [json.dumps({"ad_id": f"a{i}", "pad": "x" * int(rng.integers(20, 120))}) for i in range(records)]
+    (folder / name).write_text("".join(line + "\n" for line in lines))
+    return len(lines)
+
+
+def test_a_file_backlog_is_counted_in_records_by_its_bytes(log):
+    """After a quiet spell of sparse files, a burst's dense files wait: the controllers see what
+    they hold (their bytes at the records per byte read so far), not the last epochs' average
+    per file, which is 20x too small here. Seeded; 0.1 s."""
+    import numpy as np
+
+    from sluice.sources import source_for
+
+    seed = int(time.time()) % 10_000
+    print(f"seed {seed}")
+    rng = np.random.default_rng(seed)
+    spec = make_pipeline("adaptive_bytes", **{"control.adaptive": True})
+    spec.landing_dir.mkdir(parents=True, exist_ok=True)
+    source = source_for(spec, log)
+    sparse = [_land_lines(spec.landing_dir, f"a{i:03d}.json", rng, int(rng.integers(5, 15))) for i in range(8)]
+    source.discover()
+    lease = acquire_lease(log, spec.name, "run")
+    group = plan_group(log, lease, epoch_size=4, k=2, plan={"reason": "test", "partitions": 2})
+    log.mark_committed(lease, [(e, {}, {"input": sum(sparse[e.start:e.end])}, {"epoch_s": 1.0}, None)
+                               for e in group.epochs])
+    log.finish_group(lease, group.group_id)
+    log.release_lease(lease)
+    dense = [_land_lines(spec.landing_dir, f"b{i:03d}.json", rng, int(rng.integers(150, 250))) for i in range(6)]
+
+    backlog = source.backlog()
+    assert backlog.files == 6 and backlog.records is None
+    estimate = adaptive.backlog_records(spec, log, backlog)
+    assert estimate == pytest.approx(sum(dense), rel=0.1), (estimate, sum(dense))
+    assert adaptive.records_per_file(spec, log) * 6 < sum(dense) / 5  # what the average would have said
+    # a source that counts its records (Kafka's lag) is taken at its word
+    assert adaptive.backlog_records(spec, log, replace(backlog, records=1234)) == 1234.0
+    # and the decision sizes the drain by them: nothing arrived lately, so no rate is measured
+    verdict = adaptive.decide_backlog(spec, log, replace(backlog, arrivals=()))
+    assert "sized by the backlog's records" in verdict.decision.reason, verdict.decision

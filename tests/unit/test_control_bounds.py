@@ -329,3 +329,31 @@ def test_a_partition_count_tried_only_on_small_epochs_is_tried_again_on_large_on
     curve.add_group([large] * 3, [true_s(large, 8)] * 3, 8)
     assert curve.choose_partitions(large, grid, explore=False) == 8  # measured there: it wins there
     assert curve.choose_partitions(2_000.0, grid, explore=False) == 4  # and still loses on small epochs
+
+
+def test_a_drain_of_linear_work_grows_its_epochs_one_bounded_step_past_the_largest_measured():
+    """Linear work drains faster in larger epochs, but it is linear only as far as measured: a
+    drain took the size limit (4x the largest epoch measured for linear work) and ran past a
+    memory cliff it never saw (family trace markov-cliff-11: 438k-record epochs against 152k
+    measured and a cliff at 157k; 811 s against 196 s predicted, then an 800-file backlog). A
+    drain now grows at most ``probe_growth`` (2x) past the largest measured: a cliff beyond
+    that is not reached, and the group costs what was predicted, by the true cost model (a
+    cliff within 2x is still met, one bounded step). 10 draws, milliseconds."""
+
+    def true_s(n: float, cliff: float) -> float:
+        return 2.0 + 5e-4 * n + 8 * 5e-4 * max(0.0, n - cliff)
+
+    for seed in range(10):
+        rng = np.random.default_rng([seed, 39])
+        largest = float(rng.uniform(20_000, 150_000))
+        cliff = largest * float(rng.uniform(2.2, 3.0))
+        state = ControlState.new(EpochSizeConfig(), GroupSizeConfig(k0=3))
+        for n in np.geomspace(largest / 8, largest, 5):
+            state.epoch.curve.add_group([float(n)] * 3, [true_s(n, cliff)] * 3, 2)
+        per_file = 1000.0  # nothing arrives: the backlog's records size the drain
+        d = plan_next(state, Observation(0.0, 1.0, 3000, None, freshness_sla_s=600.0,
+                                         backlog_records=3000 * per_file))
+        assert "drain" in d.reason and d.k > 1, d
+        assert d.epoch_size * per_file <= state.epoch.config.probe_growth * largest + per_file, (seed, largest, d)
+        wall = state.epoch.fixed_cost(None) + d.k * true_s(d.epoch_size * per_file, cliff)
+        assert wall <= 2 * d.predicted_wall_s, (seed, largest, cliff, d, wall)

@@ -82,8 +82,7 @@ def check_backlog(pipeline: str, store_url: str | None, min_files: int = 1, stor
         if halt_reason(opened, spec.name, spec.control.max_attempts, spec.control.max_crashes):
             return None  # a halted pipeline waits for an operator (recover, skip a file, roll back)
         backlog = poll_source(spec, opened)
-        verdict = adaptive.decide(spec, opened, backlog.files, backlog.oldest_age_s, list(backlog.arrivals),
-                                  continuous=continuous)
+        verdict = adaptive.decide_backlog(spec, opened, backlog, continuous=continuous)
         if backlog.files >= min_files and verdict.fire is not None:
             return {"backlog": backlog.as_dict(), "plan": verdict.plan()}
         # Epochs a failed run left behind (below max_attempts) are retried without new data;

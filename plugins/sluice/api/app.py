@@ -212,8 +212,7 @@ def control(dag_id: str) -> dict[str, Any]:
     store = EpochStore()
     try:
         backlog = source_for(spec, store).backlog()
-        verdict = adaptive.decide(spec, store, backlog.files, backlog.oldest_age_s, list(backlog.arrivals),
-                                  continuous=spec.data_driven)
+        verdict = adaptive.decide_backlog(spec, store, backlog, continuous=spec.data_driven)
         now = time.time()
         fresh = freshness.measure(spec, store, backlog, now)
         current = store.epochs(name)

@@ -46,7 +46,8 @@ Safety before optimality (each holds whatever the trace; ``tests/unit/test_contr
   backlog that holds a burst's files would otherwise carry its epochs into it), and the steep
   test allows for the noise measured (``CostCurve.tolerance``: noise alone is no steep part);
 * catch-up with more epochs, not a bigger one: a backlog (catch-up, a freshness-forced group, a
-  drain) is taken in epochs of a measured, efficient size, ``k`` up to ``k_max`` (Drizzle);
+  drain) is taken in epochs of a measured, efficient size, ``k`` up to ``k_max`` (Drizzle); for
+  linear work at most ``probe_growth`` times the largest measured (outside overload);
 * a backlog always has a rate: with nothing measured lately the backlog's records per file, else
   the last rate measured, never the idle plan;
 * a group that took more than ``miss_ratio`` times its predicted wall sends the next group back
@@ -467,11 +468,18 @@ class EpochSizeController:
 
     def _drain_sizes(self, n: np.ndarray, bound: float, cu: CatchUp, probe: bool) -> np.ndarray:
         """A drain's candidate epoch sizes (files): the measured bins within the size limit, the
-        limit itself for overload or linear work, and below the smallest bin where the cheapest
-        records may lie."""
+        limit itself in overload, ``probe_growth`` times the largest epoch measured for linear work,
+        and below the smallest bin where the cheapest records may lie."""
         sizes = np.floor(n[n <= bound * 1.0001] / cu.per_file)
-        if probe or self.curve.linear():  # overload, or linear work: larger epochs (within the limit) drain faster
+        if probe:  # overload: larger epochs than measured (within the limit) may be needed to keep up
             sizes = np.append(sizes, cu.x_bound)
+        elif self.curve.linear():
+            # linear work drains faster in larger epochs, but linear only as far as it was
+            # measured: not the size limit's 2 x probe_growth, which carried a drain's epochs past
+            # an unmeasured memory cliff (markov-cliff-11: 438k records against 152k measured, a
+            # cliff at 157k; 811 s against 196 s predicted, then an 800-file backlog)
+            sizes = np.append(sizes, min(cu.x_bound, math.floor(self.config.probe_growth * self.curve.largest()
+                                                                  / cu.per_file)))
         best = self.curve.best()
         if best is not None and best[0] <= self.curve.smallest() * 1.0001 and self.curve.rising(best[0] * 1.5):
             # the cheapest records are at the smallest size measured: the efficient size may lie below

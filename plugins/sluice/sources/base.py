@@ -51,6 +51,18 @@ class Backlog:
         return found
 
 
+def read_history(spec: PipelineSpec, store: EpochStore, last: int = 8) -> list[tuple[int, int]]:
+    """``(bytes, records)`` of the pipeline's last ``last`` published epochs that read any: the
+    bytes of their manifest entries (less those skipped on purpose) and the records read, what
+    a byte count of the source is worth in records (``sluice.control.jit.estimate_records``)."""
+    published = [e for e in store.epochs(spec.name) if e.state == "published" and e.rows.get("input")][-last:]
+    if not published:
+        return []
+    entries = store.manifest(spec.name, min(e.start for e in published), max(e.end for e in published))
+    return [(sum(m.size for m in entries if e.start <= m.position < e.end and m.skipped is None),
+             int(e.rows["input"])) for e in published]
+
+
 class Source(ABC):
     """A pipeline's source over the epoch store's manifest."""
 
@@ -97,15 +109,9 @@ class Source(ABC):
         from sluice.control.jit import estimate_records
         from sluice.spec import KafkaSourceSpec
 
-        name = self.spec.name
-        sizes = [e.size for e in self.store.manifest(name, group.epochs[0].start, group.epochs[-1].end)]
-        published = [e for e in self.store.epochs(name) if e.state == "published" and e.rows.get("input")]
-        history = []
-        for epoch in published[-history_epochs:]:
-            history.append((sum(e.size for e in self.store.manifest(name, epoch.start, epoch.end)),
-                            int(epoch.rows["input"])))
+        sizes = [e.size for e in self.store.manifest(self.spec.name, group.epochs[0].start, group.epochs[-1].end)]
         return estimate_records(sizes, sizes_are_records=isinstance(self.spec.source, KafkaSourceSpec),
-                                history=history)
+                                history=read_history(self.spec, self.store, history_epochs))
 
     def entries(self, start: int, end: int) -> list[ManifestEntry]:
         from sluice.errors import SourceError
