@@ -343,9 +343,12 @@ CONNECT_SERVER_JAVA_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:ReservedCodeCacheSize
 
 
 def connect_java_options() -> str:
-    """The Connect server's JVM options: ``SLUICE_CONNECT_JAVA_OPTIONS`` when set (empty: the JVM's
-    own tiered C1 + C2, which may pay off for groups of millions of records; the per-record cost of
-    C1 code on a warm server is not measured yet), else ``CONNECT_SERVER_JAVA_OPTIONS``."""
+    """The Connect server's JVM options: ``SLUICE_CONNECT_JAVA_OPTIONS`` when set, else
+    ``CONNECT_SERVER_JAVA_OPTIONS`` (C1 alone). Empty gives the JVM's own tiered C1 + C2, cheaper
+    for a server whose groups are large: C1 saves ~4 CPU-s a group but costs ~14 CPU-s more per
+    million records (``bench/results/cost.json``: 32.7 CPU-s a million under C1, 18.6 in the run
+    before under C1 + C2), so C2 pays off above ~300k records a group (YSB at 1,000 events/s: a
+    5 min SLA or longer)."""
     return os.environ.get("SLUICE_CONNECT_JAVA_OPTIONS", CONNECT_SERVER_JAVA_OPTIONS)
 
 
