@@ -41,7 +41,9 @@ NEAR_FACTOR = 4.0
 NOISE_ALPHA = 0.2
 #: A curve whose largest size costs at most this much per record more than its cheapest is linear.
 FLAT = 1.15
-
+#: A curve whose ``tolerance`` is at least this is noisy: two bins' costs per record may differ by
+#: 20 % by noise alone, as much as a drain's candidate sizes differ in throughput.
+NOISY = 1.2
 
 
 def _near(log_records: float, records: float) -> bool:
@@ -167,6 +169,22 @@ class CostCurve:
         rows = np.stack([np.ones_like(u), u, u * u], axis=1) / t[:, None]
         coef, _ = nnls(rows, np.ones_like(t))
         return float(coef[0]), float(coef[1] / scale), float(coef[2] / scale**2)
+
+    def affine_within_noise(self) -> tuple[float, float] | None:
+        """``(a, b)`` of the affine fit (``_affine``) when the curve is noisy (``NOISY``) and every
+        bin lies within that noise of the fit, else ``None``: the bins' differences are then noise,
+        and a choice by the curve's argmax would follow it. A steep part or a cliff the bins show
+        lies outside the noise and keeps the curve."""
+        n, t = self.curve()
+        tol = self.tolerance()
+        if len(n) < 3 or tol < NOISY:
+            return None
+        a, b = self._affine()
+        fit = a + b * n
+        if not np.all(fit > 0):
+            return None
+        r = t / fit
+        return (a, b) if bool(np.all((r <= tol) & (r >= 1 / tol))) else None
 
     def tolerance(self) -> float:
         """How far apart two bins' costs per record may lie by noise alone: two standard errors of
