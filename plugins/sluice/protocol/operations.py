@@ -480,18 +480,23 @@ def rebuild_store(spec: PipelineSpec, store: EpochStore, runtime: Runtime, owner
         load_records(store, spec.name, generation, files, [r.fields for r in live], rollbacks, fence=token,
                       intent=RollbackIntent(len(live), "store rebuild in progress: run the rebuild again to finish it",
                                             owner, rebuild=True))
-    report: dict[str, Any] = {"pipeline": spec.name, "generation": generation, "epochs": len(live),
+    # The epochs the store holds: on a resume, those it was loaded with. The records read now may
+    # list more: a run of the lost store that committed after the first attempt read them and
+    # before its fence (sim seed 95000919: the rebuild asked to roll back to an epoch the store
+    # never held, on every rerun). Such a commit is an orphan to undo, not an epoch to adopt.
+    loaded = pending.to_epoch if pending is not None and resuming else len(live)
+    report: dict[str, Any] = {"pipeline": spec.name, "generation": generation, "epochs": loaded,
                               "files": len(files), "rolled_back_orphans": None, "resumed": resuming}
     lease = acquire_lease(store, spec.name, owner, ttl_s=spec.control.lease_ttl_s)
     try:
         # Every table gets this lease's token first (above every token in them): a run of the
         # lost store still going can no longer commit, and the check below sees all it wrote.
         fence_tables(spec, runtime, generation, lease.fence)
-        plan = rollback_plan(store, spec.name, len(live))
+        plan = rollback_plan(store, spec.name, loaded)
         if any(r.target is not None for r in plan_restores(spec, runtime, plan)):
             faults.maybe_fail("mid_rebuild")
             report["rolled_back_orphans"] = rollback(
-                spec, store, runtime, lease, to_epoch=len(live), recompute=False,
+                spec, store, runtime, lease, to_epoch=loaded, recompute=False,
                 reason="store rebuilt: the tables held epochs after the last published one")
         else:
             cancel_rollback(store, lease)
