@@ -20,7 +20,7 @@ from sluice.control.epoch_size import EpochSizeConfig
 from sluice.control.group_size import GroupSizeConfig
 from sluice.control.jit import estimate_records
 from sluice.control.planner import MemorySample, deadline_plan
-from sluice.sources.base import Backlog, read_history
+from sluice.sources.base import HISTORY_WINDOW, Backlog, read_history
 from sluice.spec import PipelineSpec
 from sluice.store import Epoch, EpochStore, Group
 
@@ -112,8 +112,10 @@ def load_state(spec: PipelineSpec, store: EpochStore) -> ControlState:
 
 def _per_file(spec: PipelineSpec, store: EpochStore, value: Callable[[Epoch], float | None],
               last: int) -> float | None:
-    """``value`` per source file over the last ``last`` epochs that have one (``None``: none)."""
-    measured = [(e.end - e.start, v) for e in store.epochs(spec.name) if (v := value(e)) is not None][-last:]
+    """``value`` per source file over the last ``last`` epochs that have one, among the last
+    ``HISTORY_WINDOW`` times as many (``None``: none)."""
+    recent = store.epochs(spec.name, last=HISTORY_WINDOW * last)
+    measured = [(e.end - e.start, v) for e in recent if (v := value(e)) is not None][-last:]
     files = sum(n for n, _ in measured)
     return sum(v for _, v in measured) / files if files else None
 

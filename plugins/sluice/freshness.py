@@ -39,7 +39,7 @@ class Freshness:
 def unpublished_arrivals(spec: PipelineSpec, store: EpochStore) -> list[float]:
     """When the data of the current generation's unpublished epochs arrived (entries skipped on
     purpose excluded)."""
-    waiting = [e for e in store.epochs(spec.name) if e.state in protocol.UNPUBLISHED]
+    waiting = store.epochs(spec.name, states=protocol.UNPUBLISHED)
     if not waiting:
         return []
     entries = store.manifest(spec.name, min(e.start for e in waiting), max(e.end for e in waiting))

@@ -336,6 +336,33 @@ def test_current_lease_names_the_holder(log):
 # -- commit and publish ------------------------------------------------------------------------
 
 
+def test_epochs_by_state_and_the_last_ones_are_those_of_the_whole_list(log):
+    """A poll reads the last epochs (the controllers' history) and the unpublished ones, not every
+    epoch a pipeline ever ran: the query with ``states`` and ``last`` returns what filtering the
+    whole list gives, in epoch order. Seeded (printed); a few groups published, the last one half
+    committed. 0.1 s."""
+    import dataclasses
+    import random
+
+    seed = int(time.time()) % 10_000
+    print(f"seed {seed}")
+    rng = random.Random(seed)
+    log.register_files(P, files(rng.randint(20, 60)))
+    lease = acquire_lease(log, P, "run-1")
+    while (group := plan_group(log, lease, epoch_size=rng.randint(1, 4), k=rng.randint(1, 4))) is not None:
+        if rng.random() < 0.2:  # the last group: some epochs committed, the rest left planned
+            commit_all(log, lease, dataclasses.replace(group, epochs=group.epochs[:rng.randint(0, len(group.epochs))]))
+            break
+        commit_all(log, lease, group)
+        log.finish_group(lease, group.group_id)
+    whole = log.epochs(P)
+    for states in (None, [protocol.PUBLISHED], sorted(protocol.UNPUBLISHED), [protocol.PLANNED]):
+        for last in (None, 0, 1, 3, len(whole), len(whole) + 5):
+            chosen = [e for e in whole if states is None or e.state in states]
+            expected = chosen if last is None else chosen[len(chosen) - min(last, len(chosen)):]
+            assert log.epochs(P, states=states, last=last) == expected, (seed, states, last)
+
+
 def test_mark_committed_then_publish_moves_states(log):
     log.register_files(P, files(6))
     lease = acquire_lease(log, P, "run-1")

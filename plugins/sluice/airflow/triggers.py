@@ -87,7 +87,7 @@ def check_backlog(pipeline: str, store_url: str | None, min_files: int = 1, stor
             return {"backlog": backlog.as_dict(), "plan": verdict.plan()}
         # Epochs a failed run left behind (below max_attempts) are retried without new data;
         # not while a run holds the lease (it is working on them).
-        leftovers = [e.epoch_id for e in opened.epochs(spec.name) if e.state in protocol.UNPUBLISHED]
+        leftovers = [e.epoch_id for e in opened.epochs(spec.name, states=protocol.UNPUBLISHED)]
         if leftovers and opened.lease_holder(spec.name) is None:
             plan = dict(verdict.plan(), reason=f"retry the unfinished epochs {leftovers}",
                         started=replace(verdict.started, rule="retry").as_record())

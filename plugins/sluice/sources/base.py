@@ -51,11 +51,17 @@ class Backlog:
         return found
 
 
+#: A figure over the last epochs that have it is taken among this many times as many of the latest:
+#: a poll reads a window, not every epoch the pipeline ever ran (epochs are never pruned).
+HISTORY_WINDOW = 4
+
+
 def read_history(spec: PipelineSpec, store: EpochStore, last: int = 8) -> list[tuple[int, int]]:
     """``(bytes, records)`` of the pipeline's last ``last`` published epochs that read any: the
     bytes of their manifest entries (less those skipped on purpose) and the records read, what
     a byte count of the source is worth in records (``sluice.control.jit.estimate_records``)."""
-    published = [e for e in store.epochs(spec.name) if e.state == "published" and e.rows.get("input")][-last:]
+    published = [e for e in store.epochs(spec.name, states=["published"], last=HISTORY_WINDOW * last)
+                 if e.rows.get("input")][-last:]
     if not published:
         return []
     entries = store.manifest(spec.name, min(e.start for e in published), max(e.end for e in published))

@@ -254,10 +254,21 @@ class StoreTx:
 
     # -- epochs ----------------------------------------------------------------------------------
 
-    def epochs(self, generation: int | None = None, *, states: Sequence[str] | None = None) -> list[Epoch]:
+    def epochs(self, generation: int | None = None, *, states: Sequence[str] | None = None,
+               last: int | None = None) -> list[Epoch]:
+        """Epochs of one generation (default: the current one) in epoch order: those in ``states``
+        (all by default), the last ``last`` of them only (a poll's history: a pipeline's epochs
+        are never pruned, and reading them all cost 0.8 s at 30,000 on SQLite)."""
         gen = self.state().generation if generation is None else generation
-        found = [_epoch(r) for r in self._all(_EPOCHS, g=gen)]
-        return found if states is None else [e for e in found if e.state in states]
+        if states is None and last is None:
+            return [_epoch(r) for r in self._all(_EPOCHS, g=gen)]
+        stmt = select(E).where(E.c.pipeline == self.pipeline, E.c.generation == gen)
+        if states is not None:
+            stmt = stmt.where(E.c.state.in_(list(states)))
+        if last is None:
+            return [_epoch(r) for r in self.conn.execute(stmt.order_by(E.c.epoch_id))]
+        rows = list(self.conn.execute(stmt.order_by(E.c.epoch_id.desc()).limit(max(0, last))))
+        return [_epoch(r) for r in reversed(rows)]
 
     def epoch(self, epoch_id: int, generation: int) -> Epoch | None:
         row = self._one(_EPOCH, e=epoch_id, g=generation)
@@ -613,10 +624,12 @@ class EpochStore:
 
     # -- epochs and groups -----------------------------------------------------------------------
 
-    def epochs(self, pipeline: str, generation: int | None = None) -> list[Epoch]:
-        """Epochs of one generation (default: the current one), in epoch order."""
+    def epochs(self, pipeline: str, generation: int | None = None, *, states: Sequence[str] | None = None,
+               last: int | None = None) -> list[Epoch]:
+        """Epochs of one generation (default: the current one), in epoch order; ``states`` and
+        ``last`` as in ``StoreTx.epochs``."""
         with self.read(pipeline, "epochs") as tx:
-            return tx.epochs(generation)
+            return tx.epochs(generation, states=states, last=last)
 
     def epoch_history(self, pipeline: str) -> list[Epoch]:
         """Every epoch of every generation once, in (epoch, written generation) order: a
