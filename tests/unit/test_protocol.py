@@ -320,6 +320,21 @@ def test_first_commit_holding_stops_at_an_older_generation():
     assert first_commit_holding(commits, "g1", 1, 3) is None
 
 
+def test_first_commit_holding_passes_over_a_late_fence_of_an_older_generation():
+    """Sim seed 97003300: a table the rollback's rerun made and wrote in generation 1, then the
+    fence of a generation-0 run stopped while it made its tables (its app id had no txn in that
+    table). Stopping at that fence kept the rerun's epoch 0 beside the next attempt's: 35 extra
+    counts. A fence holds no data; an older generation's write still ends the walk."""
+    from sluice.protocol import TableCommit, first_commit_holding
+
+    commits = [TableCommit(v, "WRITE", app_id=a, generation=g, epochs=e, fence=f) for v, a, g, e, f in reversed((
+        (0, "g1", 1, (), False), (1, "g1", 1, (0,), False), (2, "g0", 0, (), True), (3, "g1", 1, (), True)))]
+    assert first_commit_holding(commits, "g1", 1, 0) == 1
+    written = [TableCommit(v, "WRITE", app_id=a, generation=g, epochs=e, fence=f) for v, a, g, e, f in reversed((
+        (0, "g1", 1, (), False), (1, "g1", 1, (0,), False), (2, "g0", 0, (5,), False), (3, "g1", 1, (), True)))]
+    assert first_commit_holding(written, "g1", 1, 0) is None
+
+
 def test_lease_owner_round_trips_run_ids_with_colons_and_names_its_dag():
     run = protocol.LeaseOwner.dag_run("ysb", "manual__2026-11-24T11:20:25.123+00:00")
     assert str(run) == "airflow:ysb:manual__2026-11-24T11:20:25.123+00:00"

@@ -47,6 +47,9 @@ FOUND = (
     # a run of the lost store committed between a rebuild's read of the records and its fence;
     # the rebuild, fenced out, was rerun and asked to roll back to an epoch the store never held
     95000919,
+    # a generation-0 run stopped while making its tables fenced one after the rollback's rerun had
+    # made and written it; reconcile's walk stopped at that older-generation fence (35 extra counts)
+    97003300,
 )
 
 
