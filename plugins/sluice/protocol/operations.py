@@ -485,6 +485,15 @@ def rebuild_store(spec: PipelineSpec, store: EpochStore, runtime: Runtime, owner
     # before its fence (sim seed 95000919: the rebuild asked to roll back to an epoch the store
     # never held, on every rerun). Such a commit is an orphan to undo, not an epoch to adopt.
     loaded = pending.to_epoch if pending is not None and resuming else len(live)
+    # A run killed while it wrote its epochs' records (one per sink, before the publish) left
+    # them next to some sinks only; the store that would have had it write them again is lost.
+    # The epochs the store now holds get their record next to every sink (sim seed 97002586).
+    have = {(r.epoch_id, r.generation, Path(r.path).parent.parent) for r in epochs}
+    for r in live[:loaded]:
+        for sink in spec.sinks:
+            if (r.epoch_id, r.generation, Path(sink.path)) not in have:
+                records.write_epoch(tables, sink.path, dict(
+                    r.fields, sink=sink.name, version=(r.fields.get("delta_versions") or {}).get(sink.name)))
     report: dict[str, Any] = {"pipeline": spec.name, "generation": generation, "epochs": loaded,
                               "files": len(files), "rolled_back_orphans": None, "resumed": resuming}
     lease = acquire_lease(store, spec.name, owner, ttl_s=spec.control.lease_ttl_s)
