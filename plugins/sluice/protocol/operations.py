@@ -488,10 +488,10 @@ def rebuild_store(spec: PipelineSpec, store: EpochStore, runtime: Runtime, owner
     # A run killed while it wrote its epochs' records (one per sink, before the publish) left
     # them next to some sinks only; the store that would have had it write them again is lost.
     # The epochs the store now holds get their record next to every sink (sim seed 97002586).
-    have = {(r.epoch_id, r.generation, Path(r.path).parent.parent) for r in epochs}
+    have = {Path(r.path) for r in epochs}
     for r in live[:loaded]:
         for sink in spec.sinks:
-            if (r.epoch_id, r.generation, Path(sink.path)) not in have:
+            if records.epoch_path(sink.path, r.epoch_id, r.generation) not in have:
                 records.write_epoch(tables, sink.path, dict(
                     r.fields, sink=sink.name, version=(r.fields.get("delta_versions") or {}).get(sink.name)))
     report: dict[str, Any] = {"pipeline": spec.name, "generation": generation, "epochs": loaded,
