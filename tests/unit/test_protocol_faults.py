@@ -526,3 +526,36 @@ def test_a_process_paused_inside_a_store_transaction_cannot_block_a_take_over_on
     finally:
         release.set()
         writer.join()
+
+
+def test_a_zombie_paused_before_it_made_a_sink_added_later_cannot_write_it(world):
+    """A run of the new spec (sink ``clean`` added, first in the commit order) was stopped after
+    counting its attempt and before making ``clean``. A rollback then fenced the tables there
+    were, not ``clean``; its rerun made ``clean`` in generation 1. Resumed, the stopped run
+    wrote ``clean`` under its generation-0 app id, which a table born in generation 1 holds no
+    txn for, and Delta let the write through: its epoch twice. A group checks its lease once
+    its tables are made: a rollback that takes the lease after that check finds every table the
+    run will write, and fences it."""
+    w = world(Config(**{**vars(QUIET), "malformed_p": 0.0}))  # no rejected rows: ``clean`` is the first write
+    full = w.spec
+    counts, clean, latest = full.sinks
+    w.spec = full.model_copy(update={"sinks": [counts, latest]})
+    w.land(2)
+    w.sched.run_until(once(w, "cli:h:1"))
+    w.spec = full.model_copy(update={"sinks": [clean, counts, latest]})
+    w.runtime._computes.clear()  # the new spec is deployed: new processes
+    w.land(2)
+    zombie = once(w, "cli:h:2")
+    w.sched.run_until(zombie, at("delta.w.create:begin"))  # its attempt counted; ``clean`` not made yet
+    assert not w.tables.exists(clean.path)
+    w.sched.pause(zombie)
+    w.sched.tick(2 * TTL_S)
+    rollback = actors.rollback_run(w, "manual__h", 0, recompute=True, take_over=True)
+    w.sched.run_until(rollback)
+    assert rollback.result == "success", rollback.note
+    w.sched.run_until(once(w, "cli:h:3"))  # whatever the recompute left
+    w.sched.resume(zombie)
+    w.sched.run_until(zombie)
+    assert zombie.error is not None, "the stopped run must not commit"
+    w.spec = full
+    assert_oracle(w)

@@ -160,7 +160,13 @@ class GroupJob:
             except TransformError as exc:  # fails on empty input (a SQL error): a failed attempt
                 self._fail(lease, todo, exc)  # no table was written: none existed yet
             if must_reconcile:
-                self.reconcile_tables(lease, todo, created)
+                self.reconcile_tables(lease, todo, created)  # ends with a lease check
+            else:
+                # Every table is made now: a rollback taking the lease after this check fences
+                # each one. Before it, a table could be born after the rollback (a sink added to
+                # the spec), holding no txn of this generation's app id: Delta would take this
+                # run's write there however stale its token.
+                self.store.check_lease(lease)
             try:
                 self.commit_group(lease, self.compute.prepare_group(todo))
             except Exception as exc:

@@ -6,7 +6,8 @@ the methods of one ``PipelineRun``: a DAG run, or a command-line process, under 
 2. **Plan** (``plan``): take the lease (a busy pipeline fails fast; a holder proven dead is taken
    over), discover new data, and write the group's epoch ranges ahead, in one store transaction.
 3. **Process** (``process`` -> ``group.GroupJob``): every table made ready, the attempt counted,
-   the tables reconciled if the epochs were attempted before (fence, fenced RESTORE); then read
+   the tables reconciled if the epochs were attempted before (fence, fenced RESTORE), the lease
+   checked with every table made (a later rollback fences them all); then read
    exactly the group's ranges, transform, split rejected and quarantined records, validate.
 4. **Commit** (``process`` -> ``group.GroupJob``): one Delta transaction per table and group, its
    txnVersion carrying the lease token (the fence is part of the commit); then the store.
