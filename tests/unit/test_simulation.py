@@ -1,5 +1,6 @@
 """The deterministic simulation (``sluice.sim``) as a test: random schedules of DAG runs,
-backfills, a cleared task, rollbacks, recover, previews, skips and store rebuilds, interleaved at
+backfills, a cleared task, rollbacks, recover, previews, skips, store rebuilds and a sink added to
+the spec, interleaved at
 every Delta and store step with kills, pauses past the lease, zombies stopped between a fence and
 the write or RESTORE it guards, clock skew and files landing and vanishing, on the real protocol
 code, the real store and the Delta twin; every invariant checked after every schedule.
@@ -53,6 +54,11 @@ FOUND = (
     # a run killed while writing its epochs' records (one per sink) left them next to some sinks
     # only; the store was lost, and the rebuild adopted the epochs without completing the records
     97002586,
+    # a run stopped before making the sink an operator had just added to the spec, resumed after a
+    # rollback whose rerun made it in a newer generation, wrote it under its older app id (its
+    # epoch twice in that sink); each fails without the lease check once the tables are made
+    10400999,
+    10401904,
 )
 
 

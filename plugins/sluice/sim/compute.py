@@ -4,7 +4,9 @@ dicts, as the Delta twin takes them.
 
 The transform: a record ``{"k": <key>, "n": <int>}`` is valid; the ``counts`` sink adds ``n``
 per ``k`` (aggregate), the ``clean`` sink appends the record with its file and line, the
-``latest`` sink upserts it (the highest ``n`` per ``k``; ``n = 9`` deletes ``k``). A line that
+``latest`` sink upserts it (the highest ``n`` per ``k``; ``n = 9`` deletes ``k``); ``audit``,
+a sink an operator may add to the spec during a schedule, appends it as ``clean`` does (the
+transform always yields it; a run of a spec without it does not write it). A line that
 is not a JSON object, or lacks ``k``/``n``, goes to ``_rejected``. A record whose ``k`` is
 ``"POISON"`` makes the transform fail (a poison record: only skipping its file helps). A record
 whose ``k`` is ``"INVALID"`` passes the transform but fails the ``counts`` sink's expectation
@@ -26,6 +28,7 @@ from sluice.validation import SinkValidation
 POISON = "POISON"
 LATEST_DELETE = 9  # the ``latest`` upsert sink's delete_when: n = 9
 INVALID = "INVALID"
+AUDIT = "audit"
 #: The reason the fixed spec's check gives an INVALID record.
 INVALID_REASON = "check failed: k <> 'INVALID'"
 
@@ -63,7 +66,10 @@ class TwinCompute(Compute):
         self.fixed = fixed
 
     def empty(self) -> dict[str, Any]:
-        return {REJECTED: [], QUARANTINE: [], **{s.name: [] for s in self.spec.sinks}}
+        return {REJECTED: [], QUARANTINE: [], AUDIT: [], **{s.name: [] for s in self.spec.sinks}}
+
+    def _modes(self) -> dict[str, str]:
+        return {AUDIT: "append", **{s.name: s.mode for s in self.spec.sinks}}
 
     def _records(self, start: int, end: int) -> list[tuple[str, int, str]]:
         entries = self.source.check_retained(start, end)  # the real source's checks: gone, changed
@@ -72,14 +78,15 @@ class TwinCompute(Compute):
     def _prepare(self, epochs: list[Epoch]) -> Prepared:
         prepared = Prepared(list(epochs), time.monotonic(), {})
         rejected: list[dict[str, Any]] = []
-        outputs: dict[str, list[dict[str, Any]]] = {s.name: [] for s in self.spec.sinks}
+        modes = self._modes()
+        outputs: dict[str, list[dict[str, Any]]] = {name: [] for name in modes}
         fixed = self.fixed()
         for epoch in epochs:
             records = self._records(epoch.start, epoch.end)
             prepared.n_input[epoch.epoch_id] = len(records)
             bad = invalid = 0
             epoch_rejected: list[dict[str, Any]] = []
-            epoch_outputs: dict[str, list[dict[str, Any]]] = {s.name: [] for s in self.spec.sinks}
+            epoch_outputs: dict[str, list[dict[str, Any]]] = {name: [] for name in modes}
             for path, line, text in records:
                 record, why = parse(text)
                 if record is not None and record["k"] == INVALID and fixed:
@@ -93,9 +100,9 @@ class TwinCompute(Compute):
                 if record["k"] == POISON:
                     raise PoisonError(f"the transform failed on {path} line {line}")
                 invalid += record["k"] == INVALID
-                for sink in self.spec.sinks:
-                    row = dict(record) if sink.mode != "append" else dict(record, file=path, line=line)
-                    epoch_outputs[sink.name].append(row)
+                for name, mode in modes.items():
+                    row = dict(record) if mode != "append" else dict(record, file=path, line=line)
+                    epoch_outputs[name].append(row)
             prepared.n_rejected[epoch.epoch_id] = bad
             counted = len(epoch_outputs["counts"])
             prepared.results[epoch.epoch_id] = {"counts": SinkValidation(

@@ -1,10 +1,12 @@
 """One schedule of the simulation, from its seed: a chaos phase (DAG runs, backfills, a cleared
-task, rollbacks, recover, previews, skips and a store rebuild interleaved at step boundaries, with
-kills, pauses past the lease, clock jumps, files landing and vanishing), then a quiet phase in
+task, rollbacks, recover, previews, skips, a store rebuild and a sink added to the spec interleaved
+at step boundaries, with kills, pauses past the lease, clock jumps, files landing and vanishing),
+then a quiet phase in
 which an operator follows the runbook (``docs/operating.md``: finish or withdraw a recorded
 rollback, skip gone files and a genuinely poison one, recover, drain), then the invariants:
 
-* ``tables``: every table equals the oracle of its published epochs' raw input;
+* ``tables``: every table equals the oracle of its published epochs' raw input (a sink added
+  during the schedule: each epoch's records once or not at all, those the runbook wrote once);
 * ``log``: the epoch log is dense and contiguous, every epoch published, the whole manifest covered;
 * ``rejected``: every rejected record appears exactly once;
 * ``halt``: the pipeline ends running (no permanent halt) unless a record is genuinely poison;
@@ -30,6 +32,7 @@ from typing import Any
 from sluice.model import PUBLISHED, UNPUBLISHED
 from sluice.protocol import planning, rules
 from sluice.sim import actors
+from sluice.sim.compute import AUDIT
 from sluice.sim.scheduler import Actor, Stuck
 from sluice.sim.world import PIPELINE, TTL_S, ZOMBIE_AFTER_S, World
 from sluice.store import records
@@ -185,6 +188,8 @@ def _chaos(world: World, template: Path) -> None:
                 if refused.result == "failed" and ("is busy" in refused.note or refused.note == "killed") and tries < 4:
                     runs += 1
                     roll_back(asked, take_over=tries >= 1, tries=tries + 1)
+        if world.audit_at is not None and not world.audit_added and n >= world.audit_at * config.chaos_steps:
+            world.add_audit()
         if n == lose_at:
             world.lose_store(template)
             actors.rebuild_run(world, f"rebuild_{runs}")
@@ -236,6 +241,10 @@ def _quiet(world: World, outcome: Outcome) -> bool:
     sched.faults = False
     sched.drain()
     sched.tick(ZOMBIE_AFTER_S + 2 * TTL_S)  # every zombie is over, every lease expired
+    store = world.store()
+    # what the chaos planned; the runbook's runs, all of the spec deployed last, plan the rest
+    world.chaos_epochs = ({(e.epoch_id, e.written_generation) for e in store.epochs(PIPELINE)}
+                          if store.has_pipeline(PIPELINE) else set())
     runs = 0
     last = ""
     for _ in range(60):
@@ -296,6 +305,8 @@ def _check(world: World, outcome: Outcome) -> None:
                             _diff("latest", want["latest"], got["latest"])) if p]
     if problems:
         v["tables"] = "; ".join(problems)
+    if world.audit_added and (problem := _audit(world, store)):
+        v["tables"] = "; ".join(p for p in (v.get("tables"), problem) if p)
     if any(n != 1 for n in got["_rejected"].values()):
         v["rejected"] = f"rejected twice: {[k for k, n in got['_rejected'].items() if n != 1][:3]}"
     elif (p := _diff("_rejected", want["_rejected"], got["_rejected"])):
@@ -318,11 +329,15 @@ def _check(world: World, outcome: Outcome) -> None:
             v["records"] = str(exc)
             break
         have = {(r.epoch_id, r.generation) for r in found}
+        if sink.name == AUDIT:  # the added sink: only the epochs it holds (written once it was there)
+            held = {(r["file"], r["line"]) for r in world.tables.rows(sink.path)}
+            inside = {i for i, lines in world.valid_lines(store).items() if lines & held}
         # Named by the generation it was published in: the one it was written in, or (an epoch a
         # rollback carried over unpublished and published with the recompute) the one it lived
         # in then, which later rollbacks that kept it may have moved on from.
         missing = [(e.epoch_id, e.generation) for e in epochs
-                   if not any((e.epoch_id, g) in have for g in range(e.written_generation, e.generation + 1))]
+                   if not any((e.epoch_id, g) in have for g in range(e.written_generation, e.generation + 1))
+                   and (sink.name != AUDIT or e.epoch_id in inside)]
         gens = {r.generation for r in rollbacks}
         lost = [r["generation"] for r in store.rollbacks(PIPELINE) if r["generation"] not in gens]
         if missing or lost:
@@ -349,6 +364,28 @@ def _check(world: World, outcome: Outcome) -> None:
             writes = [s for s in actor.steps if ".w." in s]
             if writes:
                 v["preview"] = f"{actor.name} wrote: {writes[:3]}"
+
+
+def _audit(world: World, store: Any) -> str | None:
+    """The sink added during the schedule holds each published epoch's valid records once or
+    not at all (the epochs published before it was added, by runs of the spec without it, are
+    not in it), never part of an epoch, never a record twice; every epoch the runbook's runs
+    wrote is in it (unless the store was lost: a rebuilt log may name epochs anew)."""
+    held = Counter((r["file"], r["line"]) for r in world.tables.rows(world.spec.sink(AUDIT).path))
+    twice = [k for k, n in held.items() if n > 1]
+    if twice:
+        return f"audit: {len(twice)} records more than once (e.g. {twice[:3]})"
+    published = {e.epoch_id: e for e in store.epochs(PIPELINE) if e.state == PUBLISHED}
+    for epoch_id, lines in sorted(world.valid_lines(store).items()):
+        inside = sum(1 for line in lines if line in held)
+        if 0 < inside < len(lines):
+            return f"audit: epoch {epoch_id} holds {inside} of its {len(lines)} records"
+        epoch = published[epoch_id]
+        if (not inside and lines and not world.config.store_loss
+                and (epoch_id, epoch.written_generation) not in world.chaos_epochs):
+            return (f"audit: epoch {epoch_id} (written in generation {epoch.written_generation}), written by "
+                    "the runbook, is not in it")
+    return None
 
 
 def summary(outcomes: list[Outcome], seconds: float, seed: int) -> dict[str, Any]:

@@ -18,12 +18,14 @@ from typing import Any
 from sluice.delta.twin import TwinTables
 from sluice.model import Lease
 from sluice.protocol.runtime import Runtime
-from sluice.sim.compute import INVALID, LATEST_DELETE, POISON, TwinCompute, parse
+from sluice.sim.compute import AUDIT, INVALID, LATEST_DELETE, POISON, TwinCompute, parse
 from sluice.sim.scheduler import Scheduler, current
 from sluice.spec import PipelineSpec
 from sluice.store import EpochStore
 
 PIPELINE = "sim"
+#: The share of drawn schedules in which the operator adds the sink ``audit`` to the spec.
+AUDIT_P = 0.25
 TTL_S = 60.0
 #: Airflow calls a task whose heartbeats stopped this long a zombie (its run is then over).
 ZOMBIE_AFTER_S = 300.0
@@ -68,16 +70,19 @@ class Config:
                    zombie_at=rng.choice(ZOMBIE_STEPS) if rng.random() < 0.4 else None)
 
 
-def sim_spec(root: Path, config: Config, table_root: str | None = None) -> PipelineSpec:
+def sim_spec(root: Path, config: Config, table_root: str | None = None, audit: bool = False) -> PipelineSpec:
     """The simulated pipeline; ``table_root``: where its tables are (another storage's paths,
-    such as ``s3a://bucket``; the twin does not care)."""
+    such as ``s3a://bucket``; the twin does not care); ``audit``: with the sink an operator adds
+    to the spec during a schedule (an append of every valid record, first in the commit order)."""
     tables = table_root or str(root / "tables")
+    added = [{"name": AUDIT, "mode": "append", "path": f"{tables}/{AUDIT}"}] if audit else []
     return PipelineSpec.model_validate({
         "name": PIPELINE, "schedule": "@continuous", "transform": "sim.transform",
         "source": {"type": "files", "path": str(root / "landing"), "format": "json", "pattern": "*.json",
                    "settle_s": 0,  # files are renamed into place whole
                    "schema": {"k": "string", "n": "long"}, "required": ["k", "n"], "unknown_fields": "ignore"},
-        "sinks": [{"name": "counts", "mode": "aggregate", "path": f"{tables}/counts", "keys": ["k"], "sums": ["n"]},
+        "sinks": [*added,
+                  {"name": "counts", "mode": "aggregate", "path": f"{tables}/counts", "keys": ["k"], "sums": ["n"]},
                   {"name": "clean", "mode": "append", "path": f"{tables}/clean"},
                   # The highest n per k; n = 9 deletes k (sluice.delta.upsert: a tombstone).
                   {"name": "latest", "mode": "upsert", "path": f"{tables}/latest", "keys": ["k"],
@@ -103,6 +108,13 @@ class World:
         self.url = store_url
         self.tables = TwinTables()
         self.spec = sim_spec(root, self.config, table_root)
+        self.table_root = table_root
+        # An operator adds the sink ``audit`` to the spec at this point of the chaos phase (a
+        # fraction of it; ``None``: never). Drawn apart, so each seed's schedule stays what it was.
+        side = random.Random(seed * 1_000_003 + 36)
+        self.audit_at = side.random() if config is None and side.random() < AUDIT_P else None
+        self.audit_added = False
+        self.chaos_epochs: set[tuple[int, int]] = set()  # (epoch, written generation) before the runbook
         self.contents: dict[str, list[str]] = {}  # every file ever landed: its lines (the oracle's input)
         self.vanished: set[str] = set()
         self.store_lost = False  # set by lose_store: until a rebuild, the store cannot say what was read
@@ -210,6 +222,12 @@ class World:
                 self.events.append({"owner": owner, "change": change, "table": self.spec.sink(sink).path,
                                     "versions": tuple(fields["versions"]), "at": self.sched.now})
 
+    def add_audit(self) -> None:
+        """The operator deploys the spec with the sink ``audit``: runs started from now on write
+        it (made by their first group), runs already going carry on with the spec they read."""
+        self.spec = sim_spec(self.root, self.config, self.table_root, audit=True)
+        self.audit_added = True
+
     # -- the oracle ----------------------------------------------------------------------------------
 
     def oracle(self, store: EpochStore) -> dict[str, Counter[Any]]:
@@ -237,12 +255,29 @@ class World:
         latest = Counter({(k, n, n == LATEST_DELETE): 1 for k, n in highest.items()})
         return {"counts": counts, "clean": clean, "_rejected": rejected, "latest": latest}
 
+    def valid_lines(self, store: EpochStore) -> dict[int, set[tuple[str, int]]]:
+        """Each published epoch's valid records, as ``(file, line)``, from the raw lines."""
+        manifest = store.manifest(PIPELINE)
+        out: dict[int, set[tuple[str, int]]] = {}
+        for epoch in store.epochs(PIPELINE):
+            if epoch.state != "published":
+                continue
+            lines = out.setdefault(epoch.epoch_id, set())
+            for entry in manifest[epoch.start:epoch.end]:
+                if entry.skipped is not None:
+                    continue
+                for n, text in enumerate([t for t in self.contents.get(entry.path, []) if t.strip()], start=1):
+                    record, _ = parse(text)
+                    if record is not None and record["k"] != INVALID:
+                        lines.add((entry.path, n))
+        return out
+
     def held(self) -> dict[str, Counter[Any]]:
         """What the tables hold now (the twin's rows, as a reader sees them)."""
         counts: Counter[Any] = Counter()
-        for row in self.tables.rows(self.spec.sinks[0].path):
+        for row in self.tables.rows(self.spec.sink("counts").path):
             counts[row["k"]] += row["n"]
-        clean = Counter((r["file"], r["line"]) for r in self.tables.rows(self.spec.sinks[1].path))
+        clean = Counter((r["file"], r["line"]) for r in self.tables.rows(self.spec.sink("clean").path))
         rejected = Counter((r["file"], r["line"]) for r in self.tables.rows(self.spec.rejected_table))
-        latest = Counter((r["k"], r["n"], r["_deleted"]) for r in self.tables.rows(self.spec.sinks[2].path))
+        latest = Counter((r["k"], r["n"], r["_deleted"]) for r in self.tables.rows(self.spec.sink("latest").path))
         return {"counts": +counts, "clean": clean, "_rejected": rejected, "latest": latest}
