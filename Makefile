@@ -29,7 +29,7 @@ export PATH := $(VENV)/bin:$(PATH)
 export PYTHONPATH := $(CURDIR)/plugins:$(CURDIR)
 
 .PHONY: help setup venv jars kafka-jars demo demo-kafka demo-chain demo-cdc test test-full test-all sim system-packages lint kafka spark-cluster airflow generate store-rebuild bench-control bench-control-e2e \
-	bench bench-quick bench-sched bench-large-file bench-slow-write compose-env clean backfill rollback preview-rollback recover skip-file cli
+	bench bench-quick bench-sched bench-store bench-large-file bench-slow-write compose-env clean backfill rollback preview-rollback recover skip-file cli
 
 help:
 	@echo "make demo      set up, generate YSB data, run the ysb DAG through Airflow, print results"
@@ -59,6 +59,7 @@ help:
 	@echo "make bench-large-file  peak memory of one 0.3/1/3 GB landed file as one epoch, 1g driver (large_file.*)"
 	@echo "make bench-slow-write  a 1 GB file uploaded in place over 60 s while discovery polls: registered and read once (slow_write.*)"
 	@echo "make bench-sched  concurrent epochs (A-scheduler) and Prompt partitioning on skewed keys (sched.*)"
+	@echo "make bench-store  the epoch store's reads at 1k/10k/30k epochs, SQLite, under a minute (store_reads.*)"
 	@echo "make docs      regenerate docs/pipeline-spec.md from the spec models (plugins/sluice/spec.py)"
 
 # The run-once drivers' class-data archive (sluice.jvm_archive): a group's JVM starts ~5 s sooner.
@@ -272,6 +273,9 @@ bench-slow-write: setup
 
 bench-sched: setup
 	@$(PY) -m bench.sched
+
+bench-store: venv
+	@$(PY) -m bench.store_reads
 
 # docs/pipeline-spec.md from the pydantic models of plugins/sluice/spec.py (tests/unit/test_spec_reference.py
 # fails when the committed file differs). Phony: docs/ is a folder.

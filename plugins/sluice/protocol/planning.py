@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sluice.errors import ProtocolError
-from sluice.model import FAILED, PLANNED, Epoch, Group, Lease
+from sluice.model import FAILED, PLANNED, UNPUBLISHED, Epoch, Group, Lease
 from sluice.protocol import rules
 from sluice.spec import PipelineSpec
 from sluice.store import EpochStore
@@ -34,9 +34,12 @@ def plan_group(store: EpochStore, lease: Lease, *, epoch_size: int, k: int, plan
         if state.intent is not None:
             raise ProtocolError(f"pipeline {lease.pipeline!r}: {state.intent.describe()}")
         gen = state.generation
-        epochs = tx.epochs(gen)
-        leftover = [e for e in epochs if e.epoch_id in rules.epochs_to_reprocess([(e.epoch_id, e.state)
-                                                                                   for e in epochs])]
+        # Only the unpublished epochs and the last one are read: epochs are never pruned, and this
+        # runs in the store's write transaction of every group (the whole generation, with the
+        # rule applied per epoch, took 1.6 s at 3,000 epochs and 5 minutes at 30,000).
+        unpublished = tx.epochs(gen, states=sorted(UNPUBLISHED))
+        again = set(rules.epochs_to_reprocess([(e.epoch_id, e.state) for e in unpublished]))
+        leftover = [e for e in unpublished if e.epoch_id in again]
         if through_epoch is not None:
             leftover = [e for e in leftover if e.epoch_id <= through_epoch]
         group_id = tx.next_group_id()
@@ -68,7 +71,7 @@ def plan_group(store: EpochStore, lease: Lease, *, epoch_size: int, k: int, plan
         ranges = rules.plan_ranges(start, end, epoch_size, k, sizes, max_bytes)
         if not ranges:
             return None
-        next_id = max((e.epoch_id for e in epochs), default=-1) + 1
+        next_id = max((e.epoch_id for e in tx.epochs(gen, last=1)), default=-1) + 1
         for i, rng in enumerate(ranges):
             tx.insert_epoch(Epoch(lease.pipeline, next_id + i, gen, group_id, rng.start, rng.end, PLANNED,
                                   planned_at=now))
