@@ -10,7 +10,7 @@ read a group or a poll makes is timed ``--reps`` times (median, min, max in ms):
 * ``poll_history``: the poll's sizing reads (``adaptive.records_per_file``,
   ``adaptive.seconds_per_file``, ``sources.base.read_history``), a window of the last epochs;
 * ``unpublished``: the freshness check's and the trigger's read;
-* ``summary``: the console's pipeline list (``EpochStore.summary``), which still reads every epoch.
+* ``summary``: the console's pipeline list (``EpochStore.summary``, aggregated in SQL).
 
 Writes ``bench/results/store_reads.json`` and ``store_reads.png``.
 """

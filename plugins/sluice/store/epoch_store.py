@@ -800,23 +800,42 @@ class EpochStore:
                 tx.conn.execute(insert(C).values(pipeline=pipeline, state=state, updated_at=utcnow()))
 
     def summary(self, pipeline: str) -> dict[str, Any]:
-        """Counts by state, contiguity and totals of the current generation, for reports."""
+        """Counts by state, contiguity and totals of the current generation, for reports (the
+        console's pipeline list). Aggregated in SQL: reading every epoch cost 0.8 s at 30,000
+        (``make bench-store``). Contiguity is checked there too; a gap is then named by
+        ``check_contiguous`` over the whole list, as before."""
         from sluice.protocol.rules import check_contiguous
 
-        epochs = self.epochs(pipeline)
-        by_state: dict[str, int] = {}
-        for e in epochs:
-            by_state[e.state] = by_state.get(e.state, 0) + 1
-        check_contiguous((e.epoch_id, e.start, e.end) for e in epochs)
+        with self.read(pipeline, "summary") as tx:
+            gen = tx.state().generation
+            mine = (E.c.pipeline == pipeline) & (E.c.generation == gen)
+            by_state = {state: int(n) for state, n in tx.conn.execute(
+                select(E.c.state, func.count()).where(mine).group_by(E.c.state).order_by(E.c.state))}
+            n, groups, first_id, last_id, *sums = tx.conn.execute(select(
+                func.count(), func.count(E.c.group_id.distinct()), func.min(E.c.epoch_id), func.max(E.c.epoch_id),
+                *(func.coalesce(func.sum(E.c.rows[key].as_integer()), 0) for key in _SUMMED)).where(mine)).one()
+            first = tx.conn.execute(select(E.c.start_offset).where(mine, E.c.epoch_id == first_id)).scalar()
+            end = tx.conn.execute(select(E.c.end_offset).where(mine, E.c.epoch_id == last_id)).scalar()
+            after = E.alias("after")
+            gaps = tx.conn.execute(select(func.count()).select_from(E.join(after, (after.c.pipeline == E.c.pipeline) & (
+                after.c.generation == E.c.generation) & (after.c.epoch_id == E.c.epoch_id + 1))).where(
+                mine, after.c.start_offset != E.c.end_offset)).scalar()
+            if n and (first_id != 0 or last_id != n - 1 or first != 0 or gaps or
+                      tx.conn.execute(select(func.count()).where(mine, E.c.end_offset < E.c.start_offset)).scalar()):
+                check_contiguous((e.epoch_id, e.start, e.end) for e in tx.epochs(gen))
         return {
             "pipeline": pipeline,
-            "generation": self.generation(pipeline),
-            "epochs": len(epochs),
-            "groups": len({e.group_id for e in epochs}),
+            "generation": gen,
+            "epochs": int(n),
+            "groups": int(groups),
             "by_state": by_state,
-            "offsets": [epochs[0].start, epochs[-1].end] if epochs else [0, 0],
-            "rows": {key: sum(e.rows.get(key, 0) for e in epochs) for key in ("input", "output", "rejected")},
+            "offsets": [int(first), int(end)] if n else [0, 0],
+            "rows": {key: int(total) for key, total in zip(_SUMMED, sums, strict=True)},
         }
+
+
+#: The row counts ``summary`` totals.
+_SUMMED = ("input", "output", "rejected")
 
 
 def epoch_with(epoch: Epoch, **changes: Any) -> Epoch:
