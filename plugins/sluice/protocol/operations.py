@@ -470,6 +470,13 @@ def rebuild_store(spec: PipelineSpec, store: EpochStore, runtime: Runtime, owner
             raise SluiceError(f"pipeline {spec.name!r}: the record {r.path} of epoch {r.epoch_id} lists "
                               f"{len(r.files)} files for offsets [{r.start}, {r.end})")
         files += [(r.start + i, path, size, mtime) for i, (path, size, mtime) in enumerate(r.files)]
+    # A group's epochs share one commit per table, but their records are files of their own: a
+    # run stopped while writing them can leave records of the group's first epochs only (sim seed
+    # 10600179: epoch 0's record, not epoch 1's, and one commit holding both). Adopting the
+    # recorded ones and undoing the rest cannot be done by a RESTORE, which takes whole commits
+    # (the rest was planned and written again: 23 extra counts). The epochs from the start of
+    # such a commit are undone and recomputed instead.
+    whole = _whole_commits_before(spec, tables, len(live))
     if not resuming:
         # Above every token in the tables and every token the lost store could have issued
         # (tokens follow the clock, ``epoch_store.REBUILD_MARGIN``): its runs still going are refused.
@@ -478,13 +485,13 @@ def rebuild_store(spec: PipelineSpec, store: EpochStore, runtime: Runtime, owner
         with store.read(spec.name, "clock") as tx:
             token = max(token, token_base(tx.now())) + REBUILD_MARGIN
         load_records(store, spec.name, generation, files, [r.fields for r in live], rollbacks, fence=token,
-                      intent=RollbackIntent(len(live), "store rebuild in progress: run the rebuild again to finish it",
+                      intent=RollbackIntent(whole, "store rebuild in progress: run the rebuild again to finish it",
                                             owner, rebuild=True))
     # The epochs the store holds: on a resume, those it was loaded with. The records read now may
     # list more: a run of the lost store that committed after the first attempt read them and
     # before its fence (sim seed 95000919: the rebuild asked to roll back to an epoch the store
     # never held, on every rerun). Such a commit is an orphan to undo, not an epoch to adopt.
-    loaded = pending.to_epoch if pending is not None and resuming else len(live)
+    loaded = pending.to_epoch if pending is not None and resuming else whole
     # A run killed while it wrote its epochs' records (one per sink, before the publish) left
     # them next to some sinks only; the store that would have had it write them again is lost.
     # The epochs the store now holds get their record next to every sink (sim seed 97002586).
@@ -513,6 +520,19 @@ def rebuild_store(spec: PipelineSpec, store: EpochStore, runtime: Runtime, owner
         store.release_lease(lease)
     report["generation"] = store.generation(spec.name)
     return report
+
+
+def _whole_commits_before(spec: PipelineSpec, tables: Any, epoch_id: int) -> int:
+    """The largest epoch id ``<= epoch_id`` that no commit of the pipeline's tables straddles
+    (one holding epochs both before it and from it on)."""
+    commits = [c for t in pipeline_tables(spec) if tables.exists(t.path)
+               for c in rules.current_lineage(tables.lineage(t.path)) if c.pipeline == spec.name and c.epochs]
+    start, moved = epoch_id, True
+    while moved:
+        straddling = [min(c.epochs) for c in commits if min(c.epochs) < start <= max(c.epochs)]
+        moved = bool(straddling)
+        start = min(straddling, default=start)
+    return start
 
 
 def load_records(store: EpochStore, pipeline: str, generation: int, files: list[tuple[int, str, int, float]],
