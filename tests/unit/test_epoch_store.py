@@ -336,25 +336,32 @@ def test_current_lease_names_the_holder(log):
 # -- commit and publish ------------------------------------------------------------------------
 
 
+def random_groups(log: EpochStore, rng, *, died: float, rows=lambda: {}) -> Lease:
+    """Random groups (20-60 files, epochs of 1-4, k of 1-4) committed and published, until one,
+    with probability ``died`` each, is a run that died: some of its epochs committed, the rest
+    left planned. ``rows()``: each epoch's row counts. Returns the lease that planned them."""
+    log.register_files(P, files(rng.randint(20, 60)))
+    lease = acquire_lease(log, P, "run-1")
+    while (group := plan_group(log, lease, epoch_size=rng.randint(1, 4), k=rng.randint(1, 4))) is not None:
+        done = group.epochs if rng.random() >= died else group.epochs[:rng.randint(0, len(group.epochs))]
+        for e in done:
+            log.mark_committed(lease, [(e, {"out": e.epoch_id}, rows(), {"epoch_s": 0.1}, None)])
+        if len(done) < len(group.epochs):
+            break
+        log.finish_group(lease, group.group_id)
+    return lease
+
+
 def test_epochs_by_state_and_the_last_ones_are_those_of_the_whole_list(log):
     """A poll reads the last epochs (the controllers' history) and the unpublished ones, not every
     epoch a pipeline ever ran: the query with ``states`` and ``last`` returns what filtering the
     whole list gives, in epoch order. Seeded (printed); a few groups published, the last one half
     committed. 0.1 s."""
-    import dataclasses
     import random
 
     seed = int(time.time()) % 10_000
     print(f"seed {seed}")
-    rng = random.Random(seed)
-    log.register_files(P, files(rng.randint(20, 60)))
-    lease = acquire_lease(log, P, "run-1")
-    while (group := plan_group(log, lease, epoch_size=rng.randint(1, 4), k=rng.randint(1, 4))) is not None:
-        if rng.random() < 0.2:  # the last group: some epochs committed, the rest left planned
-            commit_all(log, lease, dataclasses.replace(group, epochs=group.epochs[:rng.randint(0, len(group.epochs))]))
-            break
-        commit_all(log, lease, group)
-        log.finish_group(lease, group.group_id)
+    random_groups(log, random.Random(seed), died=0.2)
     whole = log.epochs(P)
     for states in (None, [protocol.PUBLISHED], sorted(protocol.UNPUBLISHED), [protocol.PLANNED]):
         for last in (None, 0, 1, 3, len(whole), len(whole) + 5):
@@ -369,20 +376,11 @@ def test_a_plan_takes_the_unpublished_epochs_in_order_then_numbers_new_ones_afte
     ``make bench-store``). Seeded (printed): random groups published, the last one partly
     committed; the next plan must take exactly the epochs not published, in epoch order, with
     their ranges, and a plan after it number its epochs from the largest id + 1. 0.1 s."""
-    import dataclasses
     import random
 
     seed = int(time.time()) % 10_000
     print(f"seed {seed}")
-    rng = random.Random(seed)
-    log.register_files(P, files(rng.randint(20, 60)))
-    lease = acquire_lease(log, P, "run-1")
-    while (group := plan_group(log, lease, epoch_size=rng.randint(1, 4), k=rng.randint(1, 4))) is not None:
-        if rng.random() < 0.3:  # a run that died: some epochs committed, the rest left planned
-            commit_all(log, lease, dataclasses.replace(group, epochs=group.epochs[:rng.randint(0, len(group.epochs))]))
-            break
-        commit_all(log, lease, group)
-        log.finish_group(lease, group.group_id)
+    lease = random_groups(log, random.Random(seed), died=0.3)
     whole = log.epochs(P)
     log.release_lease(lease)
     lease = acquire_lease(log, P, "run-2")
@@ -530,16 +528,8 @@ def test_summary_aggregated_in_the_store_is_the_whole_lists(log):
     seed = int(time.time()) % 10_000
     print(f"seed {seed}")
     rng = random.Random(seed)
-    log.register_files(P, files(rng.randint(5, 40)))
-    lease = acquire_lease(log, P, "run-1")
-    while (group := plan_group(log, lease, epoch_size=rng.randint(1, 4), k=rng.randint(1, 4))) is not None:
-        done = group.epochs if rng.random() < 0.8 else group.epochs[:rng.randint(0, len(group.epochs))]
-        for e in done:
-            rows = {key: rng.randint(0, 500) for key in ("input", "output", "rejected") if rng.random() < 0.9}
-            log.mark_committed(lease, [(e, {}, rows, {}, None)])
-        if len(done) < len(group.epochs):
-            break
-        log.finish_group(lease, group.group_id)
+    random_groups(log, rng, died=0.2, rows=lambda: {key: rng.randint(0, 500) for key in ("input", "output", "rejected")
+                                                   if rng.random() < 0.9})
     whole = log.epochs(P)
     by_state: dict[str, int] = {}
     for e in whole:
