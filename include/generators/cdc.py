@@ -163,10 +163,11 @@ def out_of_order(messages: Iterable[tuple[bytes | None, bytes | None]]) -> int:
 
 
 def produce(bootstrap: str, topic: str, messages: list[tuple[bytes | None, bytes | None]], *,
-            partitions: int = 3) -> int:
+            partitions: int = 3, unkeyed_partition: int | None = None) -> int:
     """Send ``messages`` in order to ``topic`` (created with ``partitions`` partitions if
     missing), partitioned by key as Kafka Connect does (a key's events share a partition);
-    returns how many were sent."""
+    ``unkeyed_partition``: where messages without a key go (else a random partition); returns
+    how many were sent."""
     from confluent_kafka import Producer
     from confluent_kafka.admin import AdminClient, NewTopic
 
@@ -182,7 +183,10 @@ def produce(bootstrap: str, topic: str, messages: list[tuple[bytes | None, bytes
     producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20, "enable.idempotence": True,
                          "partitioner": "murmur2_random"})  # the Java client's partitioner
     for key, value in messages:
-        producer.produce(topic, key=key, value=value)
+        if key is None and unkeyed_partition is not None:
+            producer.produce(topic, key=key, value=value, partition=unkeyed_partition)
+        else:
+            producer.produce(topic, key=key, value=value)
         producer.poll(0)
     if producer.flush(30):
         raise RuntimeError(f"{topic}: messages still unsent after 30 s")
