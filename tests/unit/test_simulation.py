@@ -63,6 +63,10 @@ FOUND = (
     # per table holds both) when the store was lost; the rebuild adopted epoch 0, could not undo
     # half a commit, and epoch 1 was planned and written again (23 extra counts)
     10600179,
+    # the checker's own error, kept so it stays fixed: a rollback, then the sink added to the spec,
+    # and no group ran after (nothing waited); the sink's table was never made, so no rollback
+    # record could lie next to it, and the records invariant reported one lost
+    10803646,
 )
 
 

@@ -12,6 +12,10 @@ is not a JSON object, or lacks ``k``/``n``, goes to ``_rejected``. A record whos
 whose ``k`` is ``"INVALID"`` passes the transform but fails the ``counts`` sink's expectation
 (``k`` not in ``{"INVALID"}``) under the ``fail`` policy: the epoch fails validation and the
 pipeline halts, until the operator's fix (``fixed()``: a new check) sends it to ``_rejected``.
+Under ``dedup`` (keys ``k`` and ``n``), the valid records are deduplicated before the transform by
+the product's rule (``sluice.dedup.dedup_rows``), in source order, from the ``_dedup`` table as
+the group starts (its version then, after any reconcile's RESTORE, as the Spark compute reads
+it); the seen keys of the committed epochs are the group's ``_dedup`` MERGE.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from collections.abc import Callable
 from typing import Any
 
 from sluice.compute import QUARANTINE, REJECTED, Compute, Prepared
+from sluice.dedup import DEDUP, EPOCH, SEEN_AT, dedup_rows
 from sluice.model import Epoch, EpochRange
 from sluice.validation import SinkValidation
 
@@ -61,12 +66,22 @@ class TwinCompute(Compute):
     """The data plane of the simulation's pipelines (sinks ``counts``, ``clean``, ``latest``).
     ``fixed()``: whether the operator has deployed the check that rejects INVALID records."""
 
-    def __init__(self, spec: Any, store: Any, fixed: Callable[[], bool] = lambda: False) -> None:
+    def __init__(self, spec: Any, store: Any, fixed: Callable[[], bool] = lambda: False, tables: Any = None) -> None:
         super().__init__(spec, store)
         self.fixed = fixed
+        self.tables = tables
 
     def empty(self) -> dict[str, Any]:
-        return {REJECTED: [], QUARANTINE: [], AUDIT: [], **{s.name: [] for s in self.spec.sinks}}
+        return {REJECTED: [], QUARANTINE: [], AUDIT: [], DEDUP: [], **{s.name: [] for s in self.spec.sinks}}
+
+    def _seen(self) -> dict[tuple[Any, ...], Any]:
+        """The seen keys (``dedup``) at the table's version now, as the group starts (after any
+        reconcile's RESTORE), as Spark reads them: key tuple -> seen time."""
+        path = self.spec.dedup_table
+        if self.tables is None or path is None or self.tables.version(path) is None:
+            return {}
+        keys = self.spec.dedup.keys
+        return {tuple(r[k] for k in keys): r.get(SEEN_AT) for r in self.tables.rows(path)}
 
     def _modes(self) -> dict[str, str]:
         return {AUDIT: "append", **{s.name: s.mode for s in self.spec.sinks}}
@@ -81,12 +96,18 @@ class TwinCompute(Compute):
         modes = self._modes()
         outputs: dict[str, list[dict[str, Any]]] = {name: [] for name in modes}
         fixed = self.fixed()
+        dedup = self.spec.dedup
+        seen = self._seen() if dedup is not None else {}
+        changed: dict[tuple[Any, ...], int] = {}  # key -> epoch of its kept record, committed epochs only
         for epoch in epochs:
-            records = self._records(epoch.start, epoch.end)
+            # source order (sluice.dedup): file, then line, within the epoch
+            records = sorted(self._records(epoch.start, epoch.end)) if dedup is not None else \
+                self._records(epoch.start, epoch.end)
             prepared.n_input[epoch.epoch_id] = len(records)
             bad = invalid = 0
             epoch_rejected: list[dict[str, Any]] = []
             epoch_outputs: dict[str, list[dict[str, Any]]] = {name: [] for name in modes}
+            valid: list[tuple[str, int, dict[str, Any]]] = []
             for path, line, text in records:
                 record, why = parse(text)
                 if record is not None and record["k"] == INVALID and fixed:
@@ -97,6 +118,16 @@ class TwinCompute(Compute):
                                            "generation": epoch.generation, "file": path, "line": line,
                                            "reason": why, "record": text})
                     continue
+                valid.append((path, line, record))
+            kept_here: dict[tuple[Any, ...], int] = {}
+            new: dict[tuple[Any, ...], Any] = {}
+            if dedup is not None:  # before the transform, on the valid records (the product's rule)
+                kept, new = dedup_rows([dict(r, _path=p, _line=n) for p, n, r in valid], seen, dedup.keys,
+                                       dedup.within, dedup.time)
+                kept_here = {k: epoch.epoch_id for k in new}
+                prepared.n_deduplicated[epoch.epoch_id] = len(valid) - len(kept)
+                valid = [(r.pop("_path"), r.pop("_line"), r) for r in kept]
+            for path, line, record in valid:
                 if record["k"] == POISON:
                     raise PoisonError(f"the transform failed on {path} line {line}")
                 invalid += record["k"] == INVALID
@@ -113,10 +144,15 @@ class TwinCompute(Compute):
                 prepared.failed = epoch
                 break
             prepared.committing.append(epoch)
+            seen.update(new)
+            changed.update(kept_here)
             rejected += epoch_rejected
             for name, rows in epoch_outputs.items():
                 outputs[name] += rows
         prepared.rejected = rejected
+        if dedup is not None:
+            prepared.dedup_state = [{**dict(zip(dedup.keys, key, strict=True)), SEEN_AT: seen[key], EPOCH: e}
+                                    for key, e in changed.items()]
         prepared.outputs = outputs
         prepared.counts = {name: len(rows) for name, rows in outputs.items()}
         return prepared

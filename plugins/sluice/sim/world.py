@@ -9,12 +9,14 @@ import os
 import random
 import shutil
 from collections import Counter
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from sluice.dedup import EPOCH as DEDUP_EPOCH
 from sluice.delta.twin import TwinTables
 from sluice.model import Lease
 from sluice.protocol.runtime import Runtime
@@ -26,6 +28,9 @@ from sluice.store import EpochStore
 PIPELINE = "sim"
 #: The share of drawn schedules in which the operator adds the sink ``audit`` to the spec.
 AUDIT_P = 0.25
+#: Of the group-commit schedules, the fraction that deduplicates by ``DEDUP_KEYS``.
+DEDUP_P = 0.3
+DEDUP_KEYS = ("k", "n")
 TTL_S = 60.0
 #: Airflow calls a task whose heartbeats stopped this long a zombie (its run is then over).
 ZOMBIE_AFTER_S = 300.0
@@ -70,13 +75,16 @@ class Config:
                    zombie_at=rng.choice(ZOMBIE_STEPS) if rng.random() < 0.4 else None)
 
 
-def sim_spec(root: Path, config: Config, table_root: str | None = None, audit: bool = False) -> PipelineSpec:
+def sim_spec(root: Path, config: Config, table_root: str | None = None, audit: bool = False,
+             dedup: bool = False) -> PipelineSpec:
     """The simulated pipeline; ``table_root``: where its tables are (another storage's paths,
     such as ``s3a://bucket``; the twin does not care); ``audit``: with the sink an operator adds
-    to the spec during a schedule (an append of every valid record, first in the commit order)."""
+    to the spec during a schedule (an append of every valid record, first in the commit order);
+    ``dedup``: a record whose ``(k, n)`` was kept before is dropped (``commit: group`` only)."""
     tables = table_root or str(root / "tables")
     added = [{"name": AUDIT, "mode": "append", "path": f"{tables}/{AUDIT}"}] if audit else []
     return PipelineSpec.model_validate({
+        **({"dedup": {"keys": list(DEDUP_KEYS)}} if dedup else {}),
         "name": PIPELINE, "schedule": "@continuous", "transform": "sim.transform",
         "source": {"type": "files", "path": str(root / "landing"), "format": "json", "pattern": "*.json",
                    "settle_s": 0,  # files are renamed into place whole
@@ -114,13 +122,22 @@ class World:
         side = random.Random(seed * 1_000_003 + 36)
         self.audit_at = side.random() if config is None and side.random() < AUDIT_P else None
         self.audit_added = False
+        # Deduplication by (k, n) in a fraction of the group-commit schedules: the seen keys are a
+        # table of the pipeline, read as the group starts, restored with the epochs. Drawn apart
+        # too, from a stream that leaves the seeds in test_simulation's FOUND without it (their
+        # schedules, which found the bugs before dedup was simulated, stay what they were).
+        self.dedup = config is None and self.config.commit == "group" and \
+            random.Random(seed * 1_000_003 + 54).random() < DEDUP_P
+        if self.dedup:
+            self.spec = sim_spec(root, self.config, table_root, dedup=True)
         self.chaos_epochs: set[tuple[int, int]] = set()  # (epoch, written generation) before the runbook
         self.contents: dict[str, list[str]] = {}  # every file ever landed: its lines (the oracle's input)
         self.vanished: set[str] = set()
         self.store_lost = False  # set by lose_store: until a rebuild, the store cannot say what was read
         self.dag_runs: dict[str, Any] = {}  # owner -> the actor of that DAG run
         self.fixed = False  # the operator deployed the check that rejects INVALID records
-        self.runtime = Runtime(self.tables, lambda spec, store, tables: TwinCompute(spec, store, lambda: self.fixed),
+        self.runtime = Runtime(self.tables,
+                               lambda spec, store, tables: TwinCompute(spec, store, lambda: self.fixed, tables),
                                keeper=self.keeper, alive=self.alive)
         self.events: list[dict[str, Any]] = []  # the Asset events the DAGs emitted
         self._files = 0
@@ -225,10 +242,33 @@ class World:
     def add_audit(self) -> None:
         """The operator deploys the spec with the sink ``audit``: runs started from now on write
         it (made by their first group), runs already going carry on with the spec they read."""
-        self.spec = sim_spec(self.root, self.config, self.table_root, audit=True)
+        self.spec = sim_spec(self.root, self.config, self.table_root, audit=True, dedup=self.dedup)
         self.audit_added = True
 
     # -- the oracle ----------------------------------------------------------------------------------
+
+    def published_lines(self, store: EpochStore) -> Iterator[tuple[int, str, int, dict[str, Any] | None]]:
+        """``(epoch, file, line, record)`` for every non-blank raw line of the published epochs'
+        files (less those skipped on purpose), in source order (epoch, file, line); ``record`` is
+        ``None`` where the line does not parse or holds the key the fix rejects. Under ``dedup``,
+        a valid record whose ``(k, n)`` an earlier one had is not there at all (dropped). The one
+        walk every oracle reads."""
+        manifest = store.manifest(PIPELINE)
+        kept: set[tuple[str, int]] = set()
+        for epoch in store.epochs(PIPELINE):
+            if epoch.state != "published":
+                continue
+            for path in sorted(e.path for e in manifest[epoch.start:epoch.end] if e.skipped is None):
+                for n, text in enumerate([t for t in self.contents.get(path, []) if t.strip()], start=1):
+                    record, _ = parse(text)
+                    if record is None or record["k"] == INVALID:  # rejected once the fix runs
+                        yield epoch.epoch_id, path, n, None
+                        continue
+                    if self.dedup:
+                        if (record["k"], record["n"]) in kept:
+                            continue
+                        kept.add((record["k"], record["n"]))
+                    yield epoch.epoch_id, path, n, record
 
     def oracle(self, store: EpochStore) -> dict[str, Counter[Any]]:
         """What every table must hold: computed from the raw lines of the published epochs'
@@ -237,39 +277,26 @@ class World:
         clean: Counter[Any] = Counter()
         rejected: Counter[Any] = Counter()
         highest: dict[str, int] = {}
-        manifest = store.manifest(PIPELINE)
-        for epoch in store.epochs(PIPELINE):
-            if epoch.state != "published":
-                continue
-            for entry in manifest[epoch.start:epoch.end]:
-                if entry.skipped is not None:
-                    continue
-                for n, text in enumerate([t for t in self.contents.get(entry.path, []) if t.strip()], start=1):
-                    record, _ = parse(text)
-                    if record is None or record["k"] == INVALID:  # published only once the fix rejects it
-                        rejected[(entry.path, n)] += 1
-                    else:
-                        counts[record["k"]] += record["n"]
-                        clean[(entry.path, n)] += 1
-                        highest[record["k"]] = max(highest.get(record["k"], record["n"]), record["n"])
+        seen: Counter[Any] = Counter()  # under dedup: each kept (k, n) with its epoch
+        for epoch_id, path, n, record in self.published_lines(store):
+            if record is None:
+                rejected[(path, n)] += 1
+            else:
+                counts[record["k"]] += record["n"]
+                clean[(path, n)] += 1
+                highest[record["k"]] = max(highest.get(record["k"], record["n"]), record["n"])
+                seen[(record["k"], record["n"], epoch_id)] += 1
         latest = Counter({(k, n, n == LATEST_DELETE): 1 for k, n in highest.items()})
-        return {"counts": counts, "clean": clean, "_rejected": rejected, "latest": latest}
+        return {"counts": counts, "clean": clean, "_rejected": rejected, "latest": latest,
+                "_dedup": seen if self.dedup else Counter()}
 
     def valid_lines(self, store: EpochStore) -> dict[int, set[tuple[str, int]]]:
         """Each published epoch's valid records, as ``(file, line)``, from the raw lines."""
-        manifest = store.manifest(PIPELINE)
-        out: dict[int, set[tuple[str, int]]] = {}
-        for epoch in store.epochs(PIPELINE):
-            if epoch.state != "published":
-                continue
-            lines = out.setdefault(epoch.epoch_id, set())
-            for entry in manifest[epoch.start:epoch.end]:
-                if entry.skipped is not None:
-                    continue
-                for n, text in enumerate([t for t in self.contents.get(entry.path, []) if t.strip()], start=1):
-                    record, _ = parse(text)
-                    if record is not None and record["k"] != INVALID:
-                        lines.add((entry.path, n))
+        out: dict[int, set[tuple[str, int]]] = {e.epoch_id: set() for e in store.epochs(PIPELINE)
+                                                if e.state == "published"}
+        for epoch_id, path, n, record in self.published_lines(store):
+            if record is not None:
+                out[epoch_id].add((path, n))
         return out
 
     def held(self) -> dict[str, Counter[Any]]:
@@ -280,4 +307,7 @@ class World:
         clean = Counter((r["file"], r["line"]) for r in self.tables.rows(self.spec.sink("clean").path))
         rejected = Counter((r["file"], r["line"]) for r in self.tables.rows(self.spec.rejected_table))
         latest = Counter((r["k"], r["n"], r["_deleted"]) for r in self.tables.rows(self.spec.sink("latest").path))
-        return {"counts": +counts, "clean": clean, "_rejected": rejected, "latest": latest}
+        table = self.spec.dedup_table
+        seen = Counter((r["k"], r["n"], r[DEDUP_EPOCH]) for r in self.tables.rows(table)) \
+            if table is not None and self.tables.exists(table) else Counter()
+        return {"counts": +counts, "clean": clean, "_rejected": rejected, "latest": latest, "_dedup": seen}
