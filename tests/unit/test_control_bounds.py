@@ -8,7 +8,8 @@ outcome is measured against the true cost model, not against the controllers' ow
 * catch-up with more epochs of an efficient size, never one larger epoch;
 * no "idle" while a backlog waits: a backlog always has a rate;
 * a prediction from measured costs missed by more than 2x falls back to the last size that was
-  stable (the first group's, from priors alone, is no miss);
+  stable (the first group's, from priors alone, is no miss), and never again to a size whose
+  own fallback group missed;
 * every group's predicted wall is bounded by the freshness SLA (or the cap);
 * a drain never plans epochs below an epoch's fixed cost (a slow commit is not cheap tiny epochs);
 * a stable group takes the backlog it finds (up to ``catchup_factor`` groups), not only its own size;
@@ -112,6 +113,35 @@ def test_a_bad_miss_falls_back_to_the_last_stable_size(run):
         ep = state.epoch
         if ep.stable_records and obs.rate_rps > 0:  # the last stable size, at most: in records, today
             assert d.epoch_size <= max(1, ep.stable_records // obs.rate_rps), (d, ep.stable_records)
+
+
+def test_a_fallback_whose_own_group_missed_does_not_go_back_to_that_size():
+    """Family trace on_off-noisy-15 (under a cold-start change tried, not shipped): the last stable size
+    came from a silence's sparse files, so in records it was one dense file; every fallback went
+    back to it, missed (210 s against 60 s predicted) and fell back to it again, 60 groups in a
+    row while the backlog grew without bound. A fallback's own miss says that size is no longer
+    stable: the next fallback takes the most efficient size measured. Scenario on the test's own
+    linear model: learned at 1,000 records a file, stable at 20 records a file, then 2,000 a file
+    and two misses in a row (3x slower groups): the fallback goes to one file (the 460 records
+    stable last) and misses; the next plan must not be one file again (before the fix it was: 34
+    epochs of one file)."""
+    state = ControlState.new(EpochSizeConfig(), GroupSizeConfig(k0=3))
+    last: GroupResult | None = None
+    plans: list[Decision] = []
+    schedule = [(1000.0, False)] * 40 + [(20.0, False)] * 6 + [(2000.0, True), (2000.0, True)]
+    for gid, (rate, slow) in enumerate([*schedule, (2000.0, False)]):
+        backlog = max(1, sum(last.epoch_files) if last else 1)
+        d = plan_next(state, Observation(rate, 1.0, backlog, last, freshness_sla_s=300))
+        plans.append(d)
+        if gid == len(schedule):
+            break
+        factor = 3.0 if slow else 1.0
+        times = tuple(factor * true_epoch_s("linear", d.epoch_size * rate, d.partitions, 1.0, 0) for _ in range(d.k))
+        last = GroupResult(gid, (d.epoch_size,) * d.k, times, 10.0, d.partitions, rate, 1.0, d.reason,
+                           epoch_records=(int(d.epoch_size * rate),) * d.k, predicted_wall_s=d.predicted_wall_s)
+    missed_fallback, after = plans[-2], plans[-1]
+    assert missed_fallback.reason.startswith("fallback: "), missed_fallback
+    assert after.epoch_size > missed_fallback.epoch_size, (missed_fallback, after)
 
 
 def test_the_cost_curve_finds_the_steep_part_of_a_join_and_a_cliff():

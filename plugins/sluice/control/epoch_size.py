@@ -54,7 +54,8 @@ Safety before optimality (each holds whatever the trace; ``tests/unit/test_contr
   the last rate measured, never the idle plan;
 * a group that took more than ``miss_ratio`` times its predicted wall sends the next group back
   to the last size that was stable (in records); a prediction from priors alone (the first
-  group's) is no miss;
+  group's) is no miss; a fallback whose own group missed forgets that size, and the next one
+  takes the most efficient size measured;
 * overloaded, with no size measured within ``GAP`` times above the cheapest per record, one group
   probes twice that size: a chord over the gap overestimates convex work, so a drain would
   otherwise never leave the smallest sizes;
@@ -696,6 +697,12 @@ class EpochSizeController:
         if rate_rps <= 0 and epoch_records:  # the cost curve is in records: it learns without a rate
             self.curve.add_group([float(n) for n in epoch_records], [float(t) for t in epoch_s], partitions,
                                  replace=missed)
+        if missed and self.fallback:
+            # the fallback's own group missed: the size it went back to is no longer stable, and
+            # going back to it again would repeat the miss every group (on_off-noisy-15: 1-file
+            # epochs, 210 s against 60 s predicted, 60 groups in a row); the next fallback takes
+            # the most efficient size on the curve this group just corrected
+            self.stable_records, self.stable_partitions = 0.0, 0
         self.fallback = (f"the last group took {wall:.0f} s against {predicted_wall_s:.0f} s predicted"
                          if missed else None)
         if rate_rps <= 0:
