@@ -119,12 +119,10 @@ class TwinCompute(Compute):
                                            "reason": why, "record": text})
                     continue
                 valid.append((path, line, record))
-            kept_here: dict[tuple[Any, ...], int] = {}
-            new: dict[tuple[Any, ...], Any] = {}
+            new: dict[tuple[Any, ...], Any] = {}  # keys this epoch kept first, with their seen-at
             if dedup is not None:  # before the transform, on the valid records (the product's rule)
                 kept, new = dedup_rows([dict(r, _path=p, _line=n) for p, n, r in valid], seen, dedup.keys,
                                        dedup.within, dedup.time)
-                kept_here = {k: epoch.epoch_id for k in new}
                 prepared.n_deduplicated[epoch.epoch_id] = len(valid) - len(kept)
                 valid = [(r.pop("_path"), r.pop("_line"), r) for r in kept]
             for path, line, record in valid:
@@ -145,7 +143,7 @@ class TwinCompute(Compute):
                 break
             prepared.committing.append(epoch)
             seen.update(new)
-            changed.update(kept_here)
+            changed.update(dict.fromkeys(new, epoch.epoch_id))
             rejected += epoch_rejected
             for name, rows in epoch_outputs.items():
                 outputs[name] += rows

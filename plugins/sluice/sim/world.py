@@ -115,7 +115,6 @@ class World:
         (root / "landing").mkdir(parents=True)
         self.url = store_url
         self.tables = TwinTables()
-        self.spec = sim_spec(root, self.config, table_root)
         self.table_root = table_root
         # An operator adds the sink ``audit`` to the spec at this point of the chaos phase (a
         # fraction of it; ``None``: never). Drawn apart, so each seed's schedule stays what it was.
@@ -128,8 +127,7 @@ class World:
         # schedules, which found the bugs before dedup was simulated, stay what they were).
         self.dedup = config is None and self.config.commit == "group" and \
             random.Random(seed * 1_000_003 + 54).random() < DEDUP_P
-        if self.dedup:
-            self.spec = sim_spec(root, self.config, table_root, dedup=True)
+        self.spec = sim_spec(root, self.config, table_root, dedup=self.dedup)
         self.chaos_epochs: set[tuple[int, int]] = set()  # (epoch, written generation) before the runbook
         self.contents: dict[str, list[str]] = {}  # every file ever landed: its lines (the oracle's input)
         self.vanished: set[str] = set()
@@ -254,7 +252,7 @@ class World:
         a valid record whose ``(k, n)`` an earlier one had is not there at all (dropped). The one
         walk every oracle reads."""
         manifest = store.manifest(PIPELINE)
-        kept: set[tuple[str, int]] = set()
+        kept: set[tuple[Any, ...]] = set()
         for epoch in store.epochs(PIPELINE):
             if epoch.state != "published":
                 continue
@@ -265,9 +263,10 @@ class World:
                         yield epoch.epoch_id, path, n, None
                         continue
                     if self.dedup:
-                        if (record["k"], record["n"]) in kept:
+                        key = tuple(record[f] for f in DEDUP_KEYS)
+                        if key in kept:
                             continue
-                        kept.add((record["k"], record["n"]))
+                        kept.add(key)
                     yield epoch.epoch_id, path, n, record
 
     def oracle(self, store: EpochStore) -> dict[str, Counter[Any]]:
@@ -285,7 +284,7 @@ class World:
                 counts[record["k"]] += record["n"]
                 clean[(path, n)] += 1
                 highest[record["k"]] = max(highest.get(record["k"], record["n"]), record["n"])
-                seen[(record["k"], record["n"], epoch_id)] += 1
+                seen[(*(record[f] for f in DEDUP_KEYS), epoch_id)] += 1
         latest = Counter({(k, n, n == LATEST_DELETE): 1 for k, n in highest.items()})
         return {"counts": counts, "clean": clean, "_rejected": rejected, "latest": latest,
                 "_dedup": seen if self.dedup else Counter()}
@@ -308,6 +307,6 @@ class World:
         rejected = Counter((r["file"], r["line"]) for r in self.tables.rows(self.spec.rejected_table))
         latest = Counter((r["k"], r["n"], r["_deleted"]) for r in self.tables.rows(self.spec.sink("latest").path))
         table = self.spec.dedup_table
-        seen = Counter((r["k"], r["n"], r[DEDUP_EPOCH]) for r in self.tables.rows(table)) \
+        seen = Counter((*(r[f] for f in DEDUP_KEYS), r[DEDUP_EPOCH]) for r in self.tables.rows(table)) \
             if table is not None and self.tables.exists(table) else Counter()
         return {"counts": +counts, "clean": clean, "_rejected": rejected, "latest": latest, "_dedup": seen}
