@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from sluice.dedup import EPOCH as DEDUP_EPOCH
+from sluice.dedup import SEEN_AT
 from sluice.delta.twin import TwinTables
 from sluice.model import Lease
 from sluice.protocol.runtime import Runtime
@@ -28,9 +29,12 @@ from sluice.store import EpochStore
 PIPELINE = "sim"
 #: The share of drawn schedules in which the operator adds the sink ``audit`` to the spec.
 AUDIT_P = 0.25
-#: Of the group-commit schedules, the fraction that deduplicates by ``DEDUP_KEYS``.
+#: Of the group-commit schedules, the fraction that deduplicates: half of them by ``(k, n)``, once
+#: ever (``DEDUP_ONCE``), half by ``k`` within a horizon measured on ``n`` as the records' own time
+#: (``DEDUP_WITHIN``: a key's seen time moves with each record it keeps, so order matters).
 DEDUP_P = 0.3
-DEDUP_KEYS = ("k", "n")
+DEDUP_ONCE: dict[str, Any] = {"keys": ["k", "n"]}
+DEDUP_WITHIN: dict[str, Any] = {"keys": ["k"], "within": 3, "time": "n"}
 TTL_S = 60.0
 #: Airflow calls a task whose heartbeats stopped this long a zombie (its run is then over).
 ZOMBIE_AFTER_S = 300.0
@@ -76,15 +80,15 @@ class Config:
 
 
 def sim_spec(root: Path, config: Config, table_root: str | None = None, audit: bool = False,
-             dedup: bool = False) -> PipelineSpec:
+             dedup: dict[str, Any] | None = None) -> PipelineSpec:
     """The simulated pipeline; ``table_root``: where its tables are (another storage's paths,
     such as ``s3a://bucket``; the twin does not care); ``audit``: with the sink an operator adds
     to the spec during a schedule (an append of every valid record, first in the commit order);
-    ``dedup``: a record whose ``(k, n)`` was kept before is dropped (``commit: group`` only)."""
+    ``dedup``: the spec's ``dedup`` block (``DEDUP_ONCE`` or ``DEDUP_WITHIN``; ``commit: group`` only)."""
     tables = table_root or str(root / "tables")
     added = [{"name": AUDIT, "mode": "append", "path": f"{tables}/{AUDIT}"}] if audit else []
     return PipelineSpec.model_validate({
-        **({"dedup": {"keys": list(DEDUP_KEYS)}} if dedup else {}),
+        **({"dedup": dedup} if dedup else {}),
         "name": PIPELINE, "schedule": "@continuous", "transform": "sim.transform",
         "source": {"type": "files", "path": str(root / "landing"), "format": "json", "pattern": "*.json",
                    "settle_s": 0,  # files are renamed into place whole
@@ -125,8 +129,10 @@ class World:
         # table of the pipeline, read as the group starts, restored with the epochs. Drawn apart
         # too, from a stream that leaves the seeds in test_simulation's FOUND without it (their
         # schedules, which found the bugs before dedup was simulated, stay what they were).
-        self.dedup = config is None and self.config.commit == "group" and \
-            random.Random(seed * 1_000_003 + 54).random() < DEDUP_P
+        # The second draw of that stream picks the rule, so the first (whether) stays what it was.
+        side = random.Random(seed * 1_000_003 + 54)
+        drawn = config is None and self.config.commit == "group" and side.random() < DEDUP_P
+        self.dedup = (DEDUP_WITHIN if side.random() < 0.5 else DEDUP_ONCE) if drawn else None
         self.spec = sim_spec(root, self.config, table_root, dedup=self.dedup)
         self.chaos_epochs: set[tuple[int, int]] = set()  # (epoch, written generation) before the runbook
         self.contents: dict[str, list[str]] = {}  # every file ever landed: its lines (the oracle's input)
@@ -249,10 +255,12 @@ class World:
         """``(epoch, file, line, record)`` for every non-blank raw line of the published epochs'
         files (less those skipped on purpose), in source order (epoch, file, line); ``record`` is
         ``None`` where the line does not parse or holds the key the fix rejects. Under ``dedup``,
-        a valid record whose ``(k, n)`` an earlier one had is not there at all (dropped). The one
-        walk every oracle reads."""
+        a valid record is not there at all (dropped) when an earlier kept one had its key, at a
+        time at most ``within`` from its own (``within`` absent: ever); a kept record's time
+        becomes its key's seen time. The one walk every oracle reads."""
         manifest = store.manifest(PIPELINE)
-        kept: set[tuple[Any, ...]] = set()
+        seen: dict[tuple[Any, ...], Any] = {}  # key -> time of its last kept record
+        within = self.dedup.get("within") if self.dedup else None
         for epoch in store.epochs(PIPELINE):
             if epoch.state != "published":
                 continue
@@ -263,11 +271,17 @@ class World:
                         yield epoch.epoch_id, path, n, None
                         continue
                     if self.dedup:
-                        key = tuple(record[f] for f in DEDUP_KEYS)
-                        if key in kept:
+                        key, t = self._dedup_key(record)
+                        if key in seen and (within is None or abs(t - seen[key]) <= within):
                             continue
-                        kept.add(key)
+                        seen[key] = t
                     yield epoch.epoch_id, path, n, record
+
+    def _dedup_key(self, record: dict[str, Any]) -> tuple[tuple[Any, ...], Any]:
+        """A record's dedup key and its time (``None`` without one)."""
+        assert self.dedup is not None
+        time = self.dedup.get("time")
+        return tuple(record[f] for f in self.dedup["keys"]), (record[time] if time else None)
 
     def oracle(self, store: EpochStore) -> dict[str, Counter[Any]]:
         """What every table must hold: computed from the raw lines of the published epochs'
@@ -276,7 +290,7 @@ class World:
         clean: Counter[Any] = Counter()
         rejected: Counter[Any] = Counter()
         highest: dict[str, int] = {}
-        seen: Counter[Any] = Counter()  # under dedup: each kept (k, n) with its epoch
+        last: dict[tuple[Any, ...], tuple[Any, int]] = {}  # under dedup: key -> (time, epoch) last kept
         for epoch_id, path, n, record in self.published_lines(store):
             if record is None:
                 rejected[(path, n)] += 1
@@ -284,10 +298,12 @@ class World:
                 counts[record["k"]] += record["n"]
                 clean[(path, n)] += 1
                 highest[record["k"]] = max(highest.get(record["k"], record["n"]), record["n"])
-                seen[(*(record[f] for f in DEDUP_KEYS), epoch_id)] += 1
+                if self.dedup:
+                    key, t = self._dedup_key(record)
+                    last[key] = (t, epoch_id)
         latest = Counter({(k, n, n == LATEST_DELETE): 1 for k, n in highest.items()})
-        return {"counts": counts, "clean": clean, "_rejected": rejected, "latest": latest,
-                "_dedup": seen if self.dedup else Counter()}
+        seen = Counter((*key, t, e) for key, (t, e) in last.items())  # one row per key, as _dedup holds
+        return {"counts": counts, "clean": clean, "_rejected": rejected, "latest": latest, "_dedup": seen}
 
     def valid_lines(self, store: EpochStore) -> dict[int, set[tuple[str, int]]]:
         """Each published epoch's valid records, as ``(file, line)``, from the raw lines."""
@@ -307,6 +323,7 @@ class World:
         rejected = Counter((r["file"], r["line"]) for r in self.tables.rows(self.spec.rejected_table))
         latest = Counter((r["k"], r["n"], r["_deleted"]) for r in self.tables.rows(self.spec.sink("latest").path))
         table = self.spec.dedup_table
-        seen = Counter((*(r[f] for f in DEDUP_KEYS), r[DEDUP_EPOCH]) for r in self.tables.rows(table)) \
+        keys = self.dedup["keys"] if self.dedup else []
+        seen = Counter((*(r[f] for f in keys), r[SEEN_AT], r[DEDUP_EPOCH]) for r in self.tables.rows(table)) \
             if table is not None and self.tables.exists(table) else Counter()
         return {"counts": +counts, "clean": clean, "_rejected": rejected, "latest": latest, "_dedup": seen}
