@@ -125,11 +125,11 @@ class World:
         side = random.Random(seed * 1_000_003 + 36)
         self.audit_at = side.random() if config is None and side.random() < AUDIT_P else None
         self.audit_added = False
-        # Deduplication by (k, n) in a fraction of the group-commit schedules: the seen keys are a
-        # table of the pipeline, read as the group starts, restored with the epochs. Drawn apart
-        # too, from a stream that leaves the seeds in test_simulation's FOUND without it (their
-        # schedules, which found the bugs before dedup was simulated, stay what they were).
-        # The second draw of that stream picks the rule, so the first (whether) stays what it was.
+        # Deduplication in a fraction of the group-commit schedules: the seen keys are a table of
+        # the pipeline, read as the group starts, restored with the epochs. Drawn apart too, from
+        # a stream that leaves the seeds in test_simulation's FOUND without it (their schedules,
+        # which found the bugs before dedup was simulated, stay what they were); its second draw
+        # picks the rule (DEDUP_ONCE or DEDUP_WITHIN), so the first stays what it was.
         side = random.Random(seed * 1_000_003 + 54)
         drawn = config is None and self.config.commit == "group" and side.random() < DEDUP_P
         self.dedup = (DEDUP_WITHIN if side.random() < 0.5 else DEDUP_ONCE) if drawn else None
