@@ -119,7 +119,7 @@ class TwinCompute(Compute):
                                            "reason": why, "record": text})
                     continue
                 valid.append((path, line, record))
-            new: dict[tuple[Any, ...], Any] = {}  # keys this epoch kept first, with their seen-at
+            new: dict[tuple[Any, ...], Any] = {}  # keys whose seen time this epoch set, with that time
             if dedup is not None:  # before the transform, on the valid records (the product's rule)
                 kept, new = dedup_rows([dict(r, _path=p, _line=n) for p, n, r in valid], seen, dedup.keys,
                                        dedup.within, dedup.time)
