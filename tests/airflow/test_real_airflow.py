@@ -163,6 +163,23 @@ def task_log(srv: standalone.Server, dag_id: str, run_id: str, task_id: str, pat
     return "\n".join(p.read_text(errors="replace") for p in sorted(folder.glob(pattern)))
 
 
+def task_log_holding(srv: standalone.Server, dag_id: str, run_id: str, task_id: str, needle: str,
+                     timeout: float = 30) -> str:
+    """The task's log once it holds ``needle``. The task's process reports its state before its
+    log is all on disk, so a finished task's log can lag its state (a CI run read one line)."""
+
+    def holding() -> str | None:
+        text = task_log(srv, dag_id, run_id, task_id)
+        return text if needle in text else None
+
+    try:
+        return standalone.wait_for(holding, timeout, f"{needle!r} in the log of {dag_id}/{run_id}/{task_id}",
+                                   interval=0.5)
+    except TimeoutError:
+        raise AssertionError(f"{needle!r} not in the log of {task_id}: "
+                             f"{task_log(srv, dag_id, run_id, task_id)[-2000:]}") from None
+
+
 def assert_group_published(srv, client, dag_id: str, run_id: str, group_id: int, epoch_ids: list[int]) -> None:
     result = standalone.xcom(client, dag_id, run_id, "checkpoint")
     group = result["group"]
@@ -170,7 +187,7 @@ def assert_group_published(srv, client, dag_id: str, run_id: str, group_id: int,
     assert [e["epoch_id"] for e in group["epochs"]] == epoch_ids, result
     assert {e["state"] for e in group["epochs"]} == {protocol.PUBLISHED}, result
     assert result["backlog"]["files"] == 0, result
-    assert f"Published group {group_id} of {dag_id}" in task_log(srv, dag_id, run_id, "checkpoint")
+    task_log_holding(srv, dag_id, run_id, "checkpoint", f"Published group {group_id} of {dag_id}")
 
 
 def wait_deferred(srv, client, dag_id: str, run_id: str) -> dict:
@@ -254,7 +271,8 @@ def test_pipelines_run_under_airflow_standalone(pipelines, server, spark):
 
         sensed = standalone.xcom(client, CONTINUOUS, run1, "wait_for_backlog")
         assert sensed["reason"].startswith("efficient group") and sensed["backlog"]["files"] == 4, sensed
-        polls = re.search(r"after (\d+) polls", task_log(server, CONTINUOUS, run1, "wait_for_backlog"))
+        sensor_log = task_log_holding(server, CONTINUOUS, run1, "wait_for_backlog", " polls")
+        polls = re.search(r"after (\d+) polls", sensor_log)
         assert polls and int(polls.group(1)) >= 2, "the trigger must have polled the empty folder first"
         assert_group_published(server, client, CONTINUOUS, run1, group_id=0, epoch_ids=[0, 1])
         assert [(e.group_id, e.start, e.end) for e in log.epochs(CONTINUOUS)] == [(0, 0, 2), (0, 2, 4)]
@@ -356,7 +374,7 @@ def test_clearing_a_past_group_rolls_back_and_recomputes(pipelines, server, spar
         assert_matches_oracle(spark, continuous, log)
         result = standalone.xcom(client, CONTINUOUS, run1, "checkpoint")
         assert [e["epoch_id"] for e in result["group"]["epochs"]] == [0, 1, 2], result
-        assert "rolled back to epoch 0" in task_log(server, CONTINUOUS, run1, "run_group")
+        task_log_holding(server, CONTINUOUS, run1, "run_group", "rolled back to epoch 0")
         assert [e["extra"]["epochs"] for e in asset_events(client, f"sluice/{CONTINUOUS}/campaign_views")][-1] \
             == [0, 1, 2]
         assert standalone.task_states(client, CONTINUOUS, run2)["checkpoint"] == "success"
@@ -488,8 +506,8 @@ def test_a_stale_pipeline_raises_a_freshness_alert(stale_pipeline, server):
         states = standalone.wait_for_run_state(server, client, "sluice_alerts", run["dag_run_id"], timeout=120,
                                                state="failed")
         assert states == {"freshness": "failed"}, states
-        text = task_log(server, "sluice_alerts", run["dag_run_id"], "freshness")
-        assert f"pipeline '{STALE}' is stale: its oldest unpublished data is" in text, text[-2000:]
+        text = task_log_holding(server, "sluice_alerts", run["dag_run_id"], "freshness",
+                                f"pipeline '{STALE}' is stale: its oldest unpublished data is")
         assert "past its freshness SLA of 5.0 s" in text
         control = client.get(f"/sluice/pipelines/{STALE}/control").json()
         assert control["freshness"]["breached"] and control["freshness"]["alerts"], control
@@ -516,5 +534,5 @@ def test_a_pipeline_runs_on_a_spark_standalone_cluster(cluster_pipeline, spark_c
         per_worker = [{p.parent.parent.name for p in work.glob("app-*/*/stderr")}
                       for work in spark_cluster.worker_dirs()]
         assert len(per_worker) == 2 and set.intersection(*per_worker), per_worker
-        submit_log = task_log(server, CLUSTER, run["dag_run_id"], "run_group")
+        submit_log = task_log_holding(server, CLUSTER, run["dag_run_id"], "run_group", "sluice-pyfiles-")
         assert spark_cluster.master_url in submit_log and "sluice-pyfiles-" in submit_log
