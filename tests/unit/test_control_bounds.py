@@ -71,12 +71,19 @@ def drive(run: dict) -> list[tuple[Observation, Decision, ControlState]]:
         d = plan_next(state, obs)
         out.append((obs, d, ControlState.from_dict(state.to_dict())))
         per_file = rate if rate > 0 else 500.0  # what the files of a silence's backlog hold
-        slow = 3.0 if run["misses"][gid] else 1.0
-        times = tuple(slow * true_epoch_s(run["kind"], d.epoch_size * per_file, d.partitions, run["scale"],
-                                          run["cliff"]) for _ in range(d.k))
-        last = GroupResult(gid, (d.epoch_size,) * d.k, times, run["fixed"], d.partitions, rate, 1.0, d.reason,
-                           epoch_records=(int(d.epoch_size * per_file),) * d.k, predicted_wall_s=d.predicted_wall_s)
+        last = run_group(gid, d, rate, per_file=per_file, kind=run["kind"], scale=run["scale"], cliff=run["cliff"],
+                         fixed=run["fixed"], slow=3.0 if run["misses"][gid] else 1.0)
     return out
+
+
+def run_group(gid: int, d: Decision, rate: float, *, per_file: float | None = None, kind: str = "linear",
+              scale: float = 1.0, cliff: float = 0.0, fixed: float = 10.0, slow: float = 1.0) -> GroupResult:
+    """What the planned group measures when it runs on the test's own model (``slow`` times
+    slower: a miss); ``per_file`` records in a file (default: ``rate``, a file a second)."""
+    per_file = rate if per_file is None else per_file
+    times = tuple(slow * true_epoch_s(kind, d.epoch_size * per_file, d.partitions, scale, cliff) for _ in range(d.k))
+    return GroupResult(gid, (d.epoch_size,) * d.k, times, fixed, d.partitions, rate, 1.0, d.reason,
+                       epoch_records=(int(d.epoch_size * per_file),) * d.k, predicted_wall_s=d.predicted_wall_s)
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -135,10 +142,7 @@ def test_a_fallback_whose_own_group_missed_does_not_go_back_to_that_size():
         plans.append(d)
         if gid == len(schedule):
             break
-        factor = 3.0 if slow else 1.0
-        times = tuple(factor * true_epoch_s("linear", d.epoch_size * rate, d.partitions, 1.0, 0) for _ in range(d.k))
-        last = GroupResult(gid, (d.epoch_size,) * d.k, times, 10.0, d.partitions, rate, 1.0, d.reason,
-                           epoch_records=(int(d.epoch_size * rate),) * d.k, predicted_wall_s=d.predicted_wall_s)
+        last = run_group(gid, d, rate, slow=3.0 if slow else 1.0)
     missed_fallback, after = plans[-2], plans[-1]
     assert missed_fallback.reason.startswith("fallback: "), missed_fallback
     assert after.epoch_size > missed_fallback.epoch_size, (missed_fallback, after)
@@ -213,9 +217,7 @@ def test_a_stable_group_takes_the_backlog_it_finds():
     for gid in range(40):
         backlog = max(1, sum(last.epoch_files) if last else 1)
         d = plan_next(state, Observation(rate, 1.0, backlog, last, freshness_sla_s=300))
-        times = tuple(true_epoch_s("linear", d.epoch_size * rate, d.partitions, 1.0, 0) for _ in range(d.k))
-        last = GroupResult(gid, (d.epoch_size,) * d.k, times, 10.0, d.partitions, rate, 1.0, d.reason,
-                           epoch_records=(int(d.epoch_size * rate),) * d.k, predicted_wall_s=d.predicted_wall_s)
+        last = run_group(gid, d, rate)
     assert d is not None and d.reason == "stable", d
     waiting = int(d.group_files * 1.6)
     bigger = plan_next(state, Observation(rate, 1.0, waiting, last, freshness_sla_s=300))
