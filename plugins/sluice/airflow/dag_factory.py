@@ -231,15 +231,19 @@ def build_alerts_dag(specs: dict[str, PipelineSpec]) -> DAG | None:
     with DAG(dag_id="sluice_alerts", description="Freshness alerts of sluice pipelines (alerts.freshness)",
              doc_md=ALERTS_DOC, schedule=AssetAny(*watched), start_date=pendulum.datetime(2026, 1, 1, tz="UTC"),
              catchup=False, tags=["sluice", "alerts"], is_paused_upon_creation=False,
-             default_args={"retries": 0}) as dag:
+             # A try lost before it ran (its worker killed, the execution API not up yet: CI saw
+             # the alert of a stale pipeline lost so while airflow standalone started) is tried
+             # again; the alert's own failure (AirflowFailException) never is: raised once.
+             default_args={"retries": 2, "retry_delay": timedelta(seconds=10)}) as dag:
         FreshnessAlertOperator(task_id="freshness")
     return dag
 
 
 ALERTS_DOC = """\
 Runs when a watched pipeline's freshness changes: its oldest unpublished data passed its
-`control.freshness_sla_s` (the task **fails**, naming the pipeline, the age and the SLA), or is
-back within it (the task logs the recovery). Attach your channel as this DAG's
+`control.freshness_sla_s` (the task **fails**, naming the pipeline, the age and the SLA, and is
+not retried), or is back within it (the task logs the recovery). A try that failed for another
+reason (its worker lost, the API unreachable) is retried twice, 10 s apart. Attach your channel as this DAG's
 `on_failure_callback`, or per pipeline with `alerts.notifier` in its spec.
 """
 
