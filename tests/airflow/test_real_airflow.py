@@ -165,8 +165,8 @@ def task_log(srv: standalone.Server, dag_id: str, run_id: str, task_id: str, pat
 
 def task_log_holding(srv: standalone.Server, dag_id: str, run_id: str, task_id: str, needle: str,
                      timeout: float = 30) -> str:
-    """The task's log once it holds ``needle``. The task's process reports its state before its
-    log is all on disk, so a finished task's log can lag its state (a CI run read one line)."""
+    """The task's log once it holds ``needle`` (its files are written apart from the state the
+    API reports, so a finished task's log is not read at once); else its tail, in the failure."""
 
     def holding() -> str | None:
         text = task_log(srv, dag_id, run_id, task_id)
