@@ -10,7 +10,10 @@ read a group or a poll makes is timed ``--reps`` times (median, min, max in ms):
 * ``poll_history``: the poll's sizing reads (``adaptive.records_per_file``,
   ``adaptive.seconds_per_file``, ``sources.base.read_history``), a window of the last epochs;
 * ``unpublished``: the freshness check's and the trigger's read;
-* ``summary``: the console's pipeline list (``EpochStore.summary``, aggregated in SQL).
+* ``summary``: the console's pipeline list (``EpochStore.summary``, aggregated in SQL);
+* ``console_all``: what the console's pipeline page read before it read pages (every epoch of
+  every generation, the manifest under them, every group with its epochs and plan);
+* ``console_page``: what it reads now (``GET …/epochs?last=1000``, ``…/groups?since=G``).
 
 Writes ``bench/results/store_reads.json`` and ``store_reads.png``.
 """
@@ -39,16 +42,31 @@ def _timed(fn: Callable[[], Any], reps: int) -> dict[str, Any]:
 
 
 def _fill(store: Any, count: int) -> None:
-    """Published epochs up to ``count`` (8 a group, 10 offsets each), as a long-lived pipeline has."""
+    """Published epochs up to ``count`` (8 a group, 10 files each), their groups and their files
+    in the manifest, as a long-lived pipeline has."""
     from sluice.model import Epoch
 
     with store.transaction(PIPELINE) as tx:
         have = len(tx.epochs())
+    store.register_files(PIPELINE, [(f"/landing/f{j:08d}.json", 100, float(j)) for j in range(have * 10, count * 10)])
+    with store.transaction(PIPELINE) as tx:
         gen = tx.state().generation
         for i in range(have, count):
             tx.insert_epoch(Epoch(PIPELINE, i, gen, i // 8, i * 10, i * 10 + 10, "published",
                                   rows={"input": 1000, "output": 10}, timings={"epoch_s": 1.0},
                                   delta_versions={"t": i}))
+        for g in range(-(-have // 8), -(-count // 8)):
+            tx.insert_group(g, owner="bench", fence=0, first_epoch=8 * g, last_epoch=min(count, 8 * g + 8) - 1,
+                            state="published", plan={"epoch_size": 10, "k": 8}, finished=True)
+
+
+def _console(store: Any, last: int | None) -> None:
+    """The console page's store reads (``sluice.api.app``'s ``epochs`` and ``groups`` routes)."""
+    history = store.epoch_history(PIPELINE, last=last)
+    since = min(e.group_id for e in history) if last is not None else None
+    store.manifest(PIPELINE, min(e.start for e in history), max(e.end for e in history))
+    store.group_plans(PIPELINE, since=since)
+    store.groups(PIPELINE, since=since)
 
 
 def measure(counts: list[int], reps: int) -> dict[str, Any]:
@@ -76,7 +94,9 @@ def measure(counts: list[int], reps: int) -> dict[str, Any]:
                                                adaptive.seconds_per_file(Spec, store), read_history(Spec, store)),
                                       reps),
                "unpublished": _timed(lambda: store.epochs(PIPELINE, states=sorted(UNPUBLISHED)), reps),
-               "summary": _timed(lambda: store.summary(PIPELINE), reps)}
+               "summary": _timed(lambda: store.summary(PIPELINE), reps),
+               "console_all": _timed(lambda: _console(store, None), reps),
+               "console_page": _timed(lambda: _console(store, 1000), reps)}
         store.release_lease(lease)
         rows.append(row)
         print(count, {k: v["median"] for k, v in row.items() if isinstance(v, dict)}, "ms", flush=True)
@@ -93,7 +113,7 @@ def plot(result: dict[str, Any], path: Path) -> None:
     rows = result["by_epochs"]
     xs = [r["epochs"] for r in rows]
     fig, ax = plt.subplots(figsize=(7, 4))
-    for key in ("plan_group", "poll_history", "unpublished", "summary"):
+    for key in ("plan_group", "poll_history", "unpublished", "summary", "console_all", "console_page"):
         med = [r[key]["median"] for r in rows]
         lo = [r[key]["median"] - r[key]["min"] for r in rows]
         hi = [r[key]["max"] - r[key]["median"] for r in rows]

@@ -320,8 +320,11 @@ class StoreTx:
         return Group(self.pipeline, group_id, g.owner, g.fence, g.state,
                      tuple(_epoch(r) for r in latest.values()), dict(g.plan or {}), reprocessing)
 
-    def group_ids(self, *, states: Sequence[str] | None = None, owner: str | None = None) -> list[int]:
+    def group_ids(self, *, states: Sequence[str] | None = None, owner: str | None = None,
+                  since: int | None = None) -> list[int]:
         stmt = select(G.c.group_id).where(G.c.pipeline == self.pipeline)
+        if since is not None:
+            stmt = stmt.where(G.c.group_id >= since)
         if states is not None:
             stmt = stmt.where(G.c.state.in_(list(states)))
         if owner is not None:
@@ -631,12 +634,29 @@ class EpochStore:
         with self.read(pipeline, "epochs") as tx:
             return tx.epochs(generation, states=states, last=last)
 
-    def epoch_history(self, pipeline: str) -> list[Epoch]:
+    def epoch_history(self, pipeline: str, *, last: int | None = None, before: int | None = None) -> list[Epoch]:
         """Every epoch of every generation once, in (epoch, written generation) order: a
         rolled-back epoch as ``rolled_back`` in the generation that wrote it, an epoch a
-        rollback carried forward once, with its current state and ``written_generation``."""
+        rollback carried forward once, with its current state and ``written_generation``.
+
+        A page of a long history (epochs are never pruned): ``before``, only epoch ids below it;
+        ``last``, only the ``last`` highest epoch ids (each with all its generations' rows)::
+
+            page = store.epoch_history("ysb", last=1000)
+            older = store.epoch_history("ysb", last=1000, before=page[0].epoch_id)
+        """
         with self.read(pipeline, "epoch_history") as tx:
-            rows = tx.conn.execute(select(E).where(E.c.pipeline == pipeline).order_by(E.c.epoch_id, E.c.generation))
+            stmt = select(E).where(E.c.pipeline == pipeline)
+            if before is not None:
+                stmt = stmt.where(E.c.epoch_id < before)
+            if last is not None:
+                ids = select(E.c.epoch_id).where(E.c.pipeline == pipeline)
+                if before is not None:
+                    ids = ids.where(E.c.epoch_id < before)
+                page = ids.distinct().order_by(E.c.epoch_id.desc()).limit(max(0, last)).subquery()
+                # no epoch in the page: the minimum is NULL, and no row compares with it
+                stmt = stmt.where(E.c.epoch_id >= select(func.min(page.c.epoch_id)).scalar_subquery())
+            rows = tx.conn.execute(stmt.order_by(E.c.epoch_id, E.c.generation))
             newest: dict[tuple[int, int], Any] = {}
             for r in rows:  # a carried copy replaces the row it was copied from
                 newest[(r.epoch_id, r.generation if r.origin_generation is None else r.origin_generation)] = r
@@ -650,15 +670,19 @@ class EpochStore:
         with self.read(pipeline, "group") as tx:
             return tx.group(group_id)
 
-    def group_plans(self, pipeline: str) -> dict[int, dict[str, Any]]:
-        """Each group's plan (sizes, reason, why it started) by group id, in one query."""
+    def group_plans(self, pipeline: str, *, since: int | None = None) -> dict[int, dict[str, Any]]:
+        """Each group's plan (sizes, reason, why it started) by group id, in one query (from
+        group ``since`` on)."""
         with self.read(pipeline, "group_plans") as tx:
-            rows = tx.conn.execute(select(G.c.group_id, G.c.plan).where(G.c.pipeline == pipeline))
-            return {group_id: dict(plan or {}) for group_id, plan in rows}
+            stmt = select(G.c.group_id, G.c.plan).where(G.c.pipeline == pipeline)
+            if since is not None:
+                stmt = stmt.where(G.c.group_id >= since)
+            return {group_id: dict(plan or {}) for group_id, plan in tx.conn.execute(stmt)}
 
-    def groups(self, pipeline: str) -> list[Group]:
+    def groups(self, pipeline: str, *, since: int | None = None) -> list[Group]:
+        """The groups in order (from group ``since`` on: a page of a long history)."""
         with self.read(pipeline, "groups") as tx:
-            return [tx.group(i) for i in tx.group_ids()]
+            return [tx.group(i) for i in tx.group_ids(since=since)]
 
     def unpublished_groups(self, pipeline: str, owner: str) -> list[Group]:
         """Groups ``owner`` planned that are not closed yet, in order (a DAG run's own groups)."""
