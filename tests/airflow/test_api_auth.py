@@ -96,6 +96,12 @@ def test_every_route_needs_a_user_with_read_access_to_the_pipeline_dag(api):
     assert epochs.status_code == 200, epochs.text
     assert [(e["epoch_id"], e["start"], e["end"], e["state"]) for e in epochs.json()] == [(0, 0, 1, "planned")]
     assert [f["path"] for f in epochs.json()[0]["files"]] == [str(spec.landing_dir / "a.json")]
+    # Pages: the last epoch id, none below epoch 0; a count past 64 bits is refused, not a 500.
+    assert get(f"/sluice/pipelines/{spec.name}/epochs", "viewer", params={"last": 1}).json() == epochs.json()
+    assert get(f"/sluice/pipelines/{spec.name}/epochs", "viewer", params={"last": 5, "before": 0}).json() == []
+    for params in ({"last": 2**64}, {"before": -1}, {"last": "all"}):
+        assert get(f"/sluice/pipelines/{spec.name}/epochs", "viewer", params=params).status_code == 422, params
+    assert get(f"/sluice/pipelines/{spec.name}/groups", "viewer", params={"since": 2**63}).status_code == 422
     control = get(f"/sluice/pipelines/{spec.name}/control", "viewer").json()
     assert control["backlog"]["files"] == 1 and control["next"]["epoch_size"] == spec.control.epoch_files, control
     assert get("/sluice/pipelines/no_such_pipeline/epochs", "viewer").status_code == 404
@@ -116,21 +122,29 @@ def test_every_route_needs_a_user_with_read_access_to_the_pipeline_dag(api):
 
 def test_no_request_built_from_the_openapi_schema_gets_a_500(api):
     """Every GET route of the plugin's OpenAPI schema, with arbitrary path parameters (any
-    text: slashes, dots, percent signs, control characters, very long), with and without a
-    token: an answer, never a server error."""
+    text: slashes, dots, percent signs, control characters, very long; or a pipeline's name) and
+    query parameters (any integer, past 64 bits too, or text), with and without a token: an
+    answer, never a server error."""
     from sluice.api.app import app
 
     server, tokens = api
-    routes = [path for path, item in app.openapi()["paths"].items() if "get" in item]
+    paths = app.openapi()["paths"]
+    routes = [path for path, item in paths.items() if "get" in item]
     assert len(routes) >= 3, routes
+    queries = {path: [p["name"] for p in paths[path]["get"].get("parameters", []) if p["in"] == "query"]
+               for path in routes}
+    assert {"last", "before"} <= set(queries["/pipelines/{dag_id}/epochs"]), queries
+    values = st.one_of(st.integers(), st.integers(min_value=2**62), st.text(max_size=20))
 
     @settings(max_examples=120, deadline=None, suppress_health_check=list(HealthCheck))
-    @given(route=st.sampled_from(routes), value=st.text(max_size=300), user=st.sampled_from([None, "viewer", "nobody"]))
-    def answers(route: str, value: str, user: str | None) -> None:
+    @given(route=st.sampled_from(routes), value=st.one_of(st.text(max_size=300), st.just("ysb")),
+           user=st.sampled_from([None, "viewer", "nobody"]), data=st.data())
+    def answers(route: str, value: str, user: str | None, data: st.DataObject) -> None:
         path = "/sluice" + route.replace("{dag_id}", quote(value, safe=""))
+        params = {name: data.draw(values) for name in queries[route] if data.draw(st.booleans())}
         headers = {"Authorization": f"Bearer {tokens[user]}"} if user else {}
         with httpx.Client(base_url=server.url, timeout=30.0) as client:
-            response = client.get(path, headers=headers)
+            response = client.get(path, headers=headers, params=params)
         assert response.status_code < 500, (path, user, response.status_code, response.text[:500])
         if user is None and "{dag_id}" in route and value.isidentifier():  # a name a pipeline could have
             assert response.status_code == 401, (path, response.status_code)

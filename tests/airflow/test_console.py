@@ -223,6 +223,7 @@ def check_cards_and_tables(driver, login: Login, spec: PipelineSpec, epochs: lis
 
 
 def test_the_console_shows_a_pipeline_and_rolls_it_back(ran, server, browser, spark):
+    from selenium.common.exceptions import StaleElementReferenceException
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import Select, WebDriverWait
 
@@ -362,6 +363,21 @@ def test_the_console_shows_a_pipeline_and_rolls_it_back(ran, server, browser, sp
     assert sorted(int(tr.get_attribute("data-epoch")) for tr in gone) == [2]
     assert sorted(live_rows(driver)) == [0, 1, 2]
     screenshot(driver, "console-after-rollback")
+
+    # A page of the last two epoch ids (``?epochs=2`` sets the page size; 1,000 by default), every
+    # generation of each; "show more" reads two more: all of them, and no button any more.
+    driver.switch_to.default_content()
+    driver.get(f"{url}/sluice/ui/{NAME}?epochs=2")
+    WebDriverWait(driver, 60).until(lambda d: d.find_element(By.TAG_NAME, "body").get_attribute("data-ready"))
+    assert driver.find_element(By.TAG_NAME, "body").get_attribute("data-ready") == "true"
+    assert sorted(live_rows(driver)) == [1, 2]
+    gone = driver.find_elements(By.CSS_SELECTOR, "table#epochs tr[data-live='false']")
+    assert [int(tr.get_attribute("data-epoch")) for tr in gone] == [2]
+    assert "the last 2 epochs (from epoch 1)" in driver.find_element(By.ID, "epochs-window").text
+    driver.find_element(By.ID, "epochs-more").click()
+    WebDriverWait(driver, 30, ignored_exceptions=(StaleElementReferenceException,)).until(
+        lambda d: sorted(live_rows(d)) == [0, 1, 2])
+    assert not driver.find_elements(By.ID, "epochs-more")
     assert Path(SCREENSHOTS / "console-epochs.png").stat().st_size > 10_000
 
 

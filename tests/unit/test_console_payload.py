@@ -5,6 +5,7 @@ directly; importing the app imports Airflow's API security module (~3 s, once)."
 
 from __future__ import annotations
 
+import itertools
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -106,6 +107,29 @@ def test_rows_out_and_timings_belong_to_the_group_commit_once(url):
     assert groups[0]["wall_s"] == pytest.approx(20.0) and groups[0]["processing_s"] == pytest.approx(3.5)
     assert groups[0]["coordination_s"] == pytest.approx(16.5)
     assert groups[1]["processing_s"] == pytest.approx(1.8)  # its one epoch's compute and write
+    store.close()
+
+
+def test_a_page_of_epochs_and_groups_is_the_slice_of_the_whole_with_its_own_files(url):
+    """A pipeline's epochs are never pruned, so the console reads pages: ``last`` epoch ids
+    (below ``before``) with their files only, and the groups from ``since`` on. Each page is the
+    matching slice of the whole payload; the files are those the test registered (8 files, 2 an
+    epoch, from f0)."""
+    spec, store, _, _ = build(url, "console_pages")
+    whole = app.epochs(spec.name)
+    assert sorted(e["epoch_id"] for e in whole) == [0, 1, 2, 3]
+    for last, before in itertools.product([None, 0, 1, 2, 3, 5], [None, 0, 1, 3, 4, 9]):
+        below = [e for e in whole if before is None or e["epoch_id"] < before]
+        ids = sorted({e["epoch_id"] for e in below})
+        kept = set(ids if last is None else ids[max(0, len(ids) - last):] if last else [])
+        page = app.epochs(spec.name, last=last, before=before)
+        assert page == [e for e in below if e["epoch_id"] in kept], (last, before)
+    registered = [f"/landing/{spec.name}/f{i}.json" for i in (6, 7)]
+    for e in app.epochs(spec.name, last=1):
+        assert e["epoch_id"] == 3 and [f["path"] for f in e["files"]] == registered, e
+    groups = app.groups(spec.name)
+    for since in (0, 1, 2, 3):
+        assert app.groups(spec.name, since=since) == [g for g in groups if g["group_id"] >= since]
     store.close()
 
 

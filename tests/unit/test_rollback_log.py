@@ -3,6 +3,7 @@ the live epoch records (no Spark, no Airflow)."""
 
 from __future__ import annotations
 
+import itertools
 import sys
 from pathlib import Path
 
@@ -179,6 +180,13 @@ def test_epoch_history_shows_each_epoch_of_each_generation_once_with_its_writer(
     history = [(e.epoch_id, e.written_generation, e.generation, e.state) for e in log.epoch_history(P)]
     assert history[:2] == [(0, 0, 2, "published"), (1, 0, 2, "published")]
     assert (2, 1, 2, "published") in history and (3, 1, 1, "rolled_back") in history
+    # A page: the last N epoch ids below ``before``, every generation's row of each.
+    whole = log.epoch_history(P)
+    for last, before in itertools.product([None, 0, 1, 2, 4, 7], [None, 0, 1, 2, 3, 4, 10]):
+        ids = sorted({e.epoch_id for e in whole if before is None or e.epoch_id < before})
+        kept = set(ids if last is None else ids[max(0, len(ids) - last):] if last else [])
+        page = log.epoch_history(P, last=last, before=before)
+        assert page == [e for e in whole if e.epoch_id in kept], (last, before)
 
 
 def test_skip_file_is_recorded_and_gives_the_failed_epoch_fresh_attempts(log):

@@ -3,11 +3,12 @@
 ``GET /sluice/pipelines`` lists the pipelines the user may read, with a summary;
 ``GET /sluice/pipelines/{dag_id}/epochs`` returns every epoch of every generation once
 (rolled-back ones included) with the generation that wrote it, the one it lives in now, and its
-files; ``GET /sluice/pipelines/{dag_id}/control`` the adaptive controllers' state and what the
-backlog sensor would decide now; ``GET /sluice/pipelines/{dag_id}/groups`` each group with the
-DAG run that planned it; ``GET /sluice/pipelines/{dag_id}/rollback-preview?to_epoch=N`` what a
-rollback to epoch N would remove and restore, and what blocks it, read from the store and the
-source only (the rollback task checks the Delta tables again before it changes anything);
+files (``?last=N&before=E``: a page of them); ``GET /sluice/pipelines/{dag_id}/control`` the
+adaptive controllers' state and what the backlog sensor would decide now;
+``GET /sluice/pipelines/{dag_id}/groups`` each group with the DAG run that planned it
+(``?since=G``: from group G on); ``GET /sluice/pipelines/{dag_id}/rollback-preview?to_epoch=N``
+what a rollback to epoch N would remove and restore, and what blocks it, read from the store and
+the source only (the rollback task checks the Delta tables again before it changes anything);
 ``GET /sluice/pipelines/{dag_id}/shadow-previews`` the kept reports of ``sluice_rollback_preview``
 (the rollback's epochs recomputed into shadow tables and compared with the published ones).
 
@@ -37,7 +38,7 @@ import json
 import time
 from datetime import UTC
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 from airflow.api_fastapi.core_api.security import GetUserDep, requires_access_dag
 from fastapi import Depends, FastAPI, HTTPException, Query, Request
@@ -62,6 +63,8 @@ from sluice.store import Epoch, EpochStore, ManifestEntry
 
 app = FastAPI(title="sluice epoch store")
 
+#: The largest id or count a page parameter takes (a signed 64-bit integer in either store).
+ID_MAX = 2**63 - 1
 #: Read access to the DAG named by the route's ``dag_id`` (the pipeline).
 CAN_READ = [Depends(requires_access_dag("GET"))]
 #: Edit access to it: what an operator action on the pipeline asks for.
@@ -87,20 +90,26 @@ def pipelines(request: Request, user: GetUserDep) -> list[dict[str, Any]]:
 
 
 @app.get("/pipelines/{dag_id}/epochs", dependencies=CAN_READ)
-def epochs(dag_id: str) -> list[dict[str, Any]]:
+def epochs(dag_id: str, last: Annotated[int | None, Query(ge=0, le=ID_MAX)] = None,
+           before: Annotated[int | None, Query(ge=0, le=ID_MAX)] = None) -> list[dict[str, Any]]:
+    """Every epoch of every generation once; a page of them with ``last`` (the ``last`` highest
+    epoch ids, each with all its generations) and ``before`` (epoch ids below it): a pipeline's
+    epochs are never pruned, so a console reads pages (the next older one: ``before`` the
+    lowest ``epoch_id`` of the page)."""
     name = dag_id  # a pipeline's DAG id is its name
     from sluice.sources import source_for
 
     spec = _spec_or_404(name)
     store = EpochStore()
     try:
-        history = store.epoch_history(name)
+        history = store.epoch_history(name, last=last, before=before)
+        start = min((e.start for e in history), default=0)
         end = max((e.end for e in history), default=0)
-        entries = {f.position: f for f in store.manifest(name, 0, end)}
+        entries = {f.position: f for f in store.manifest(name, start, end)}
         current = store.generation(name)
         source = source_for(spec, store)
 
-        plans = store.group_plans(name)
+        plans = store.group_plans(name, since=min((e.group_id for e in history), default=None))
 
         def held(e: Epoch) -> list[ManifestEntry]:
             return [entries[p] for p in range(e.start, e.end) if p in entries]
@@ -254,9 +263,9 @@ def _spec_or_404(name: str) -> Any:
 
 
 @app.get("/pipelines/{dag_id}/groups", dependencies=CAN_READ)
-def groups(dag_id: str) -> list[dict[str, Any]]:
-    """Every group of the pipeline (all generations), with the DAG run that planned it, and its
-    output rows, wall time and timings once (``group_view``)."""
+def groups(dag_id: str, since: Annotated[int | None, Query(ge=0, le=ID_MAX)] = None) -> list[dict[str, Any]]:
+    """Every group of the pipeline (all generations; from group ``since`` on), with the DAG run
+    that planned it, and its output rows, wall time and timings once (``group_view``)."""
     name = dag_id
     _spec_or_404(name)
     store = EpochStore()
@@ -266,7 +275,7 @@ def groups(dag_id: str) -> list[dict[str, Any]]:
         return [{"group_id": g.group_id, "state": g.state, "plan": g.plan, "reprocessing": g.reprocessing,
                  "epoch_ids": g.epoch_ids, "owner": g.owner, "dag_run": _dag_run(g.owner),
                  "generation": max((e.generation for e in g.epochs), default=None), **group_view(list(g.epochs))}
-                for g in store.groups(name)]
+                for g in store.groups(name, since=since)]
     finally:
         store.close()
 
