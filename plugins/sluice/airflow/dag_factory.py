@@ -243,8 +243,8 @@ ALERTS_DOC = """\
 Runs when a watched pipeline's freshness changes: its oldest unpublished data passed its
 `control.freshness_sla_s` (the task **fails**, naming the pipeline, the age and the SLA, and is
 not retried), or is back within it (the task logs the recovery). A try that failed for another
-reason (its worker lost, the API unreachable) is retried twice, 10 s apart. Attach your channel as this DAG's
-`on_failure_callback`, or per pipeline with `alerts.notifier` in its spec.
+reason (its worker lost, the API unreachable) is retried twice, 10 s apart. Attach your channel
+as this DAG's `on_failure_callback`, or per pipeline with `alerts.notifier` in its spec.
 """
 
 

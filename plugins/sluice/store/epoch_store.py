@@ -646,14 +646,11 @@ class EpochStore:
             older = store.epoch_history("ysb", last=1000, before=page[0].epoch_id)
         """
         with self.read(pipeline, "epoch_history") as tx:
-            stmt = select(E).where(E.c.pipeline == pipeline)
-            if before is not None:
-                stmt = stmt.where(E.c.epoch_id < before)
+            below = [E.c.pipeline == pipeline, *([E.c.epoch_id < before] if before is not None else [])]
+            stmt = select(E).where(*below)
             if last is not None:
-                ids = select(E.c.epoch_id).where(E.c.pipeline == pipeline)
-                if before is not None:
-                    ids = ids.where(E.c.epoch_id < before)
-                page = ids.distinct().order_by(E.c.epoch_id.desc()).limit(max(0, last)).subquery()
+                page = (select(E.c.epoch_id).where(*below).distinct().order_by(E.c.epoch_id.desc())
+                        .limit(max(0, last)).subquery())
                 # no epoch in the page: the minimum is NULL, and no row compares with it
                 stmt = stmt.where(E.c.epoch_id >= select(func.min(page.c.epoch_id)).scalar_subquery())
             rows = tx.conn.execute(stmt.order_by(E.c.epoch_id, E.c.generation))
