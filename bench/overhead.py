@@ -23,6 +23,7 @@ Writes ``bench/results/overhead.json`` and ``overhead.png``.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -30,6 +31,7 @@ import re
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -397,6 +399,18 @@ def _rest(path: str, port: int = CONNECT_UI_PORT) -> Any:
     return json.loads(_rest_raw(f"/api/v1{path}", port))
 
 
+def _app_id(port: int, timeout_s: float = 60) -> str:
+    """The application's id from its UI, which may come up after the server listens."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            return str(_rest("/applications", port)[0]["id"])
+        except (OSError, ValueError, IndexError):
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(1)
+
+
 def _spark_jobs(app: str, since_job: int, port: int = CONNECT_UI_PORT) -> tuple[list[dict[str, Any]], int]:
     """The server's jobs after ``since_job`` (Spark's REST API): name, stages, tasks, executor CPU."""
     jobs = [j for j in _rest(f"/applications/{app}/jobs", port) if j["jobId"] > since_job]
@@ -451,16 +465,25 @@ def connect_groups(work: Path, reps: int, profile: bool = False, warm_groups: in
                         "files": iter(land_ysb(base / "staging", total, events)), "env": variant.get("env", {})}
     # A variant with its own ``java`` options (JVM flags) gets a server of its own (all warm,
     # each measured by its own JVM's CPU); the others share the first.
-    java_of = {label: v.get("java", server_java) for label, v in variants.items()}
-    servers: dict[str, dict[str, Any]] = {}
-    for i, java in enumerate(dict.fromkeys(java_of.values())):
-        port = CONNECT_UI_PORT + i
-        ui = {"spark.ui.enabled": "true", "spark.ui.port": str(port),
-              "spark.ui.retainedJobs": "100000", "spark.ui.retainedStages": "100000"}
-        proc, url = start(work / f"connect-server-{i}.log", "local[2]", conf=ui, java_options=java)
-        pid = _java_pid(proc)
-        servers[java] = {"proc": proc, "url": url, "pid": pid, "cpu": _ServerCpu(pid), "port": port,
-                         "app": _rest("/applications", port)[0]["id"], "last_job": -1, "idle": 0.0}
+    # ``"server": "spark_class"``: Spark's own server class (a class loader per session), as before.
+    java_of = {label: (v.get("java", server_java), v.get("server", "sluice")) for label, v in variants.items()}
+    servers: dict[Any, dict[str, Any]] = {}
+    started: list[subprocess.Popen[bytes]] = []
+    try:
+        for i, (java, kind) in enumerate(dict.fromkeys(java_of.values())):
+            port = CONNECT_UI_PORT + i
+            ui = {"spark.ui.enabled": "true", "spark.ui.port": str(port),
+                  "spark.ui.retainedJobs": "100000", "spark.ui.retainedStages": "100000"}
+            with _server_kind(kind):
+                proc, url = start(work / f"connect-server-{i}.log", "local[2]", conf=ui, java_options=java)
+            started.append(proc)
+            pid = _java_pid(proc)
+            servers[(java, kind)] = {"proc": proc, "url": url, "pid": pid, "cpu": _ServerCpu(pid), "port": port,
+                                     "app": _app_id(port), "last_job": -1, "idle": 0.0}
+    except BaseException:  # no server outlives a failed start
+        for proc in started:
+            proc.terminate()
+        raise
     pid = servers[java_of[next(iter(variants))]]["pid"]  # (the JFR profile's)
     traces = root / "traces"
     traces.mkdir(parents=True)
@@ -546,7 +569,8 @@ def connect_groups(work: Path, reps: int, profile: bool = False, warm_groups: in
         result["ab_variants"] = variants
         result["ab_steps"] = {label: fit["connect_group_steps"] for label, fit in out.items()}
     result.update(connect_server_idle_cpu_per_s=round(servers[java_of[next(iter(variants))]]["idle"], 4),
-                  connect_server_idle_by_java_options={k: round(v["idle"], 4) for k, v in servers.items()},
+                  connect_server_idle_by_java_options={f"{java if java is not None else 'default'} ({kind})":
+                                                       round(v["idle"], 4) for (java, kind), v in servers.items()},
                   groups=rows, profile=profile_out,
                   config={"sizes_files": list(CONNECT_SIZES), "events_per_file": events, "reps": reps,
                           "server_java_options": dict(java_of),
@@ -554,6 +578,33 @@ def connect_groups(work: Path, reps: int, profile: bool = False, warm_groups: in
                           "pipeline": "ysb (aggregate MERGE, GX suite), commit: group, k = 1",
                           "server": f"local[2], warm ({warm_groups} groups per variant first)"})
     return result
+
+
+@contextlib.contextmanager
+def _server_kind(kind: str) -> Iterator[None]:
+    """``spark_class``: ``start_connect_server`` submits Spark's ``SparkConnectServer`` class, as
+    sluice did before its own application (``sluice/jobs/connect_server.py``), for an A/B."""
+    import sluice.spark as sp
+
+    if kind == "sluice":
+        yield
+        return
+    made = sp.connect_server_command
+
+    def spark_class(*args: Any, **kwargs: Any) -> list[str]:
+        cmd, out = made(*args, **kwargs)[:-1], []  # without the application
+        for i, arg in enumerate(cmd):
+            if arg.split("=", 1)[0] in sp.CONNECT_SERVER_CONF and cmd[i - 1] == "--conf":
+                out.pop()  # its --conf
+            else:
+                out.append(arg)
+        return [out[0], "--class", "org.apache.spark.sql.connect.service.SparkConnectServer", *out[1:]]
+
+    sp.connect_server_command = spark_class
+    try:
+        yield
+    finally:
+        sp.connect_server_command = made
 
 
 def _connect_fit(rows: list[dict[str, Any]], linear: Any) -> dict[str, Any]:

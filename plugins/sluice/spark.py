@@ -36,7 +36,16 @@ if TYPE_CHECKING:
 log = logging.getLogger("sluice.spark")
 
 REMOTE_ENV = "SLUICE_SPARK_REMOTE"  # sc://host:port of a warm Spark Connect server
-CONNECT_SERVER_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
+#: The Connect service as a driver plugin of ``sluice/jobs/connect_server.py`` (not Spark's
+#: ``SparkConnectServer`` class, which forces a class loader per session: see that module).
+CONNECT_PLUGIN = "org.apache.spark.sql.connect.SparkConnectPlugin"
+#: Sessions share one class loader, hence the generated code of earlier sessions. Spark's cache
+#: of compiled code is keyed by the class loader: with one per session (isolation on, as
+#: ``SparkConnectServer`` forces) a client repeated 17 of 17 compiles of the same queries, with
+#: isolation on but not forced 12 of 17, with isolation off none. The price: a jar one client
+#: adds is seen by every session, as in a classic Spark application.
+CONNECT_SERVER_CONF = {"spark.plugins": CONNECT_PLUGIN, "spark.sql.artifact.isolation.enabled": "false",
+                       "spark.sql.artifact.isolation.alwaysApplyClassloader": "false"}
 
 DELTA_VERSION = "4.4.0"  # Python package and jars must match; 4.4.1 jars are not on Maven Central
 KAFKA_CONNECTOR_VERSION = "4.2.0"  # the Spark release's own Kafka connector
@@ -65,6 +74,10 @@ BASE_CONF: dict[str, str] = {
     "spark.sql.shuffle.partitions": "4",
     "spark.sql.session.timeZone": "UTC",
     "spark.databricks.delta.snapshotPartitions": "2",
+    # Compiled generated code, cached by its source: a group of a YSB pipeline makes ~95 distinct
+    # classes and ~130 over groups of several sizes; Spark's default of 100 entries (split among
+    # the cache's segments) thrashed, a warm Connect server compiling nearly all of them again.
+    "spark.sql.codegen.cache.maxEntries": "1000",
     "spark.sql.sources.parallelPartitionDiscovery.parallelism": "2",
 }
 
@@ -354,22 +367,27 @@ def connect_java_options() -> str:
 
 def connect_server_command(master: str = "local[*]", port: int = 15002, host: str = "127.0.0.1",
                            conf: dict[str, str] | None = None, java_options: str | None = None) -> list[str]:
-    """``spark-submit`` command line of a Spark Connect server with sluice's Delta settings
-    (the pip PySpark ships the server class, not ``sbin/start-connect-server.sh``)."""
+    """``spark-submit`` command line of a Spark Connect server with sluice's Delta settings: the
+    application ``sluice/jobs/connect_server.py`` with the Connect plugin (``CONNECT_SERVER_CONF``),
+    so that a group's session reuses the code earlier groups generated (the pip PySpark ships
+    neither ``sbin/start-connect-server.sh`` nor a reason to prefer Spark's server class)."""
+    import sys
+
     from pyspark.find_spark_home import _find_spark_home
 
     # A command whose client died is dropped after 30 s (default 5 min), well inside the lease
     # TTL: a late Delta commit can then never outlive the lease of the run that sent it.
     conf = spark_conf({"spark.connect.grpc.binding.address": host, "spark.connect.grpc.binding.port": str(port),
-                       "spark.connect.execute.manager.detachedTimeout": "30s", **(conf or {})}, run_once=False)
-    cmd = [str(Path(_find_spark_home()) / "bin" / "spark-submit"), "--class", CONNECT_SERVER_CLASS,
+                       "spark.connect.execute.manager.detachedTimeout": "30s", **CONNECT_SERVER_CONF,
+                       "spark.pyspark.driver.python": sys.executable, **(conf or {})}, run_once=False)
+    cmd = [str(Path(_find_spark_home()) / "bin" / "spark-submit"),
            "--name", "sluice-connect", "--master", master, "--jars", ",".join(spark_jars()),
            "--driver-java-options",
            f"-Dlog4j2.configurationFile=file:{JOBS_DIR / 'log4j2.properties'} "
            f"{connect_java_options() if java_options is None else java_options}".strip()]
     for key, value in conf.items():
         cmd += ["--conf", f"{key}={value}"]
-    return cmd
+    return [*cmd, str(JOBS_DIR / "connect_server.py")]
 
 
 def _remote_session(url: str, app_name: str, extra_conf: dict[str, str] | None) -> SparkSession:

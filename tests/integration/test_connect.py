@@ -16,15 +16,67 @@ import pytest
 
 from sluice import protocol
 from sluice.delta.spark import SparkTables
+from sluice.net import free_port
 from sluice.paths import RUN_GROUP_APP
 from sluice.spark import start_connect_server
 from sluice.store import EpochStore
 from tests.pipelines import assert_matches_oracle, land, make_pipeline
 
+_UI_PORT = 0
+
+
+def _compiled_classes() -> int:
+    """Classes of generated code the server has compiled so far (Spark's CodeGenerator metrics)."""
+    import json
+    import urllib.request
+
+    deadline = time.monotonic() + 60
+    while True:  # the UI may come up after the server listens
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{_UI_PORT}/metrics/json", timeout=10) as r:
+                histograms = json.load(r)["histograms"]
+            return next(v["count"] for k, v in histograms.items() if k.endswith("CodeGenerator.compilationTime"))
+        except (OSError, ValueError, StopIteration):
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
+
+
+def test_a_new_session_reuses_the_code_earlier_sessions_generated(connect_server):
+    """Each group is a new client session. Spark's own server class gives every session a class
+    loader of its own, and compiled code is cached by class loader: a warm server compiled the
+    same classes again for every group (~95, a third of a small group's server CPU with their
+    JIT). sluice's server shares them: the same query in a second session compiles nothing.
+    cost: ~8-12 s (two client processes on the module's server)."""
+    # A client process per session, as each group is (a Connect session made in this process
+    # would turn the test session's builder to Connect mode).
+    client = ("import sys\n"
+              "from pyspark.sql import SparkSession\n"
+              "s = SparkSession.builder.remote(sys.argv[1]).getOrCreate()\n"
+              "rows = (s.range(500).selectExpr('id * 7919 % 13 AS k', 'id').where('k <> 5').groupBy('k')\n"
+              "        .agg({'id': 'max'}).orderBy('k').collect())\n"
+              "print(','.join(str(r['k']) for r in rows))\n"
+              "s.stop()\n")
+
+    def run_in_a_new_session() -> int:
+        before = _compiled_classes()
+        done = subprocess.run([sys.executable, "-c", client, connect_server], capture_output=True, text=True,
+                              timeout=120)
+        assert done.returncode == 0, done.stderr[-3000:]
+        assert done.stdout.split() == [",".join(str(k) for k in range(13) if k != 5)]  # computed, not skipped
+        return _compiled_classes() - before
+
+    first = run_in_a_new_session()
+    assert first > 0, "the query compiled no code: it no longer tests the cache"
+    assert run_in_a_new_session() == 0
+
 
 @pytest.fixture(scope="module")
 def connect_server(tmp_path_factory) -> Iterator[str]:
-    proc, url = start_connect_server(tmp_path_factory.mktemp("connect") / "server.log", "local[2]")
+    global _UI_PORT
+    _UI_PORT = free_port()  # the UI's metrics servlet counts the server's compiled classes
+    proc, url = start_connect_server(tmp_path_factory.mktemp("connect") / "server.log", "local[2]",
+                                     conf={"spark.ui.enabled": "true", "spark.ui.port": str(_UI_PORT)})
     try:
         yield url
     finally:
