@@ -72,7 +72,7 @@ def run_group(args: argparse.Namespace) -> Any:
     from sluice.logs import configure_job
     from sluice.protocol.run import PipelineRun, cli_owner
     from sluice.protocol.runtime import Runtime
-    from sluice.spark import get_session, group_compiler
+    from sluice.spark import get_session, group_compiler, launched_by_spark_submit, remote_url
     from sluice.spec import get_spec
 
     if (args.group is None) == (not args.plan):
@@ -87,11 +87,17 @@ def run_group(args: argparse.Namespace) -> Any:
                            compiler=group_compiler(spec, store, None if args.plan else args.group))
 
     # Spark starts once a group is planned: a busy or idle pipeline is reported before a JVM starts.
-    run = PipelineRun(spec, store, args.owner or cli_owner(), Runtime.spark(spark))
-    if args.plan:
-        return run.run_once(epoch_size=args.epoch_size, k=args.k, drain=args.drain, extra=args.plan_extra)
-    group_id = None if args.group in ("None", "") else int(args.group)
-    return run.process(group_id)
+    # A Connect client releases its session when the group ends, as the Airflow task does (what it
+    # cached or materialised on the server goes with it); a spark-submit driver ends with its process.
+    runtime = Runtime.spark(spark, stop=bool(remote_url()) and not launched_by_spark_submit())
+    run = PipelineRun(spec, store, args.owner or cli_owner(), runtime)
+    try:
+        if args.plan:
+            return run.run_once(epoch_size=args.epoch_size, k=args.k, drain=args.drain, extra=args.plan_extra)
+        group_id = None if args.group in ("None", "") else int(args.group)
+        return run.process(group_id)
+    finally:
+        runtime.close()
 
 
 def skip_file(args: argparse.Namespace) -> Any:

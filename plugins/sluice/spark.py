@@ -73,7 +73,9 @@ BASE_CONF: dict[str, str] = {
     "spark.ui.showConsoleProgress": "false",
     "spark.sql.shuffle.partitions": "4",
     "spark.sql.session.timeZone": "UTC",
-    "spark.databricks.delta.snapshotPartitions": "2",
+    # A snapshot's state (what a fenced write's txn lookup needs) replayed by one task, not two:
+    # sluice's tables keep few files, and each task pays its own code generation (bench/README.md).
+    "spark.databricks.delta.snapshotPartitions": "1",
     # Compiled generated code, cached by its source: a group of a YSB pipeline makes ~95 distinct
     # classes and ~130 over groups of several sizes; Spark's default of 100 entries (split among
     # the cache's segments) thrashed, a warm Connect server compiling nearly all of them again.
@@ -346,22 +348,23 @@ def start_connect_server(log_path: Path, master: str = "local[2]", port: int | N
         time.sleep(1)
 
 
-#: JVM options of a Spark Connect server: C1 alone, as a run-once driver. A warm server's C2 never
-#: settles: every group brings ~120 classes of generated code (Janino) it has not seen, and C2
-#: compiled them group after group (a third of the server's CPU under JFR). Measured A/B, two warm
-#: servers with groups alternating (``python -m bench.overhead --connect --ab``): a group's fixed
-#: server CPU 11.0 -> 7.0 CPU-s (paired groups: x0.78), 4.9 with the C1 server alone on the
-#: machine. The code cache sized as with C2 (see ``RUN_ONCE_JAVA_OPTIONS``).
-CONNECT_SERVER_JAVA_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:ReservedCodeCacheSize=240m"
+#: JVM options of a Spark Connect server: the JVM's own tiered C1 + C2, the code cache sized as
+#: for a run-once driver's C2 (see ``RUN_ONCE_JAVA_OPTIONS``). While every group brought ~120
+#: classes of generated code it had not seen (Spark's server class: a class loader per session),
+#: C2 never settled and C1 alone was cheaper (fixed server CPU 11.0 -> 7.0 CPU-s). Now that
+#: groups share their generated code, C2 settles: on two warm servers, groups alternating
+#: (``python -m bench.overhead --connect --ab``), C2's JIT fell from 6.8 to 1.3 CPU-s a group
+#: over its first ~35 groups, and over the last 10 pairs its server CPU was x0.85 C1's (every
+#: pair below 1), on top of C2's cheaper code per record (bench/README.md).
+CONNECT_SERVER_JAVA_OPTIONS = "-XX:ReservedCodeCacheSize=240m"
 
 
 def connect_java_options() -> str:
     """The Connect server's JVM options: ``SLUICE_CONNECT_JAVA_OPTIONS`` when set, else
-    ``CONNECT_SERVER_JAVA_OPTIONS`` (C1 alone). Empty gives the JVM's own tiered C1 + C2, cheaper
-    for a server whose groups are large: C1 saves ~4 CPU-s a group but costs ~14 CPU-s more per
-    million records (``bench/results/cost.json``: 32.7 CPU-s a million under C1, 18.6 in the run
-    before under C1 + C2), so C2 pays off above ~300k records a group (YSB at 1,000 events/s: a
-    5 min SLA or longer)."""
+    ``CONNECT_SERVER_JAVA_OPTIONS`` (C1 + C2). ``-XX:TieredStopAtLevel=1`` (C1 alone) spares a
+    young server C2's compiling (its first ~30 small groups cost more) at ~14 CPU-s more per
+    million records (``bench/results/cost.json``: 32.7 under C1, 18.6 under C1 + C2): for a
+    server restarted before it has served that many."""
     return os.environ.get("SLUICE_CONNECT_JAVA_OPTIONS", CONNECT_SERVER_JAVA_OPTIONS)
 
 
