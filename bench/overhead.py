@@ -401,14 +401,10 @@ def _rest(path: str, port: int = CONNECT_UI_PORT) -> Any:
 
 def _app_id(port: int, timeout_s: float = 60) -> str:
     """The application's id from its UI, which may come up after the server listens."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            return str(_rest("/applications", port)[0]["id"])
-        except (OSError, ValueError, IndexError):
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(1)
+    from sluice.net import poll_json
+
+    return poll_json(f"http://127.0.0.1:{port}/api/v1/applications", lambda apps: str(apps[0]["id"]),
+                     timeout_s, every_s=1)
 
 
 def _spark_jobs(app: str, since_job: int, port: int = CONNECT_UI_PORT) -> tuple[list[dict[str, Any]], int]:

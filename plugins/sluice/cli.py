@@ -72,7 +72,7 @@ def run_group(args: argparse.Namespace) -> Any:
     from sluice.logs import configure_job
     from sluice.protocol.run import PipelineRun, cli_owner
     from sluice.protocol.runtime import Runtime
-    from sluice.spark import get_session, group_compiler, launched_by_spark_submit, remote_url
+    from sluice.spark import connect_client_url, get_session, group_compiler
     from sluice.spec import get_spec
 
     if (args.group is None) == (not args.plan):
@@ -89,7 +89,7 @@ def run_group(args: argparse.Namespace) -> Any:
     # Spark starts once a group is planned: a busy or idle pipeline is reported before a JVM starts.
     # A Connect client releases its session when the group ends, as the Airflow task does (what it
     # cached or materialised on the server goes with it); a spark-submit driver ends with its process.
-    runtime = Runtime.spark(spark, stop=bool(remote_url()) and not launched_by_spark_submit())
+    runtime = Runtime.spark(spark, stop=connect_client_url() is not None)
     run = PipelineRun(spec, store, args.owner or cli_owner(), runtime)
     try:
         if args.plan:

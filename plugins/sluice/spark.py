@@ -246,6 +246,13 @@ def launched_by_spark_submit() -> bool:
     return "PYSPARK_GATEWAY_PORT" in os.environ
 
 
+def connect_client_url() -> str | None:
+    """The Spark Connect server a session started here is a client of: ``remote_url()``, unless
+    under spark-submit (whose driver has a JVM of its own). Such a client stops its session when
+    its group ends: what it cached on the server would otherwise wait for the session timeout."""
+    return None if launched_by_spark_submit() else remote_url()
+
+
 def remote_url() -> str | None:
     """The Spark Connect server to use (``$SLUICE_SPARK_REMOTE``), or None for a local JVM."""
     return os.environ.get(REMOTE_ENV) or None
@@ -421,10 +428,10 @@ def get_session(app_name: str = "sluice", master: str | None = None,
     active = SparkSession.getActiveSession()
     if active is not None:
         return active
-    url = remote_url()
-    submitted = launched_by_spark_submit()
-    if url and not submitted:
+    url = connect_client_url()
+    if url:
         return _remote_session(url, app_name, extra_conf)
+    submitted = launched_by_spark_submit()
     builder = SparkSession.builder.appName(app_name)
     if not submitted and "spark.master" not in (extra_conf or {}):
         builder = builder.master(master or os.environ.get("SLUICE_SPARK_MASTER", "local[*]"))

@@ -16,33 +16,21 @@ import pytest
 
 from sluice import protocol
 from sluice.delta.spark import SparkTables
-from sluice.net import free_port
+from sluice.net import free_port, poll_json
 from sluice.paths import RUN_GROUP_APP
 from sluice.spark import start_connect_server
 from sluice.store import EpochStore
 from tests.pipelines import assert_matches_oracle, land, make_pipeline
 
-_UI_PORT = 0
 
-
-def _compiled_classes() -> int:
+def _compiled_classes(ui_port: int) -> int:
     """Classes of generated code the server has compiled so far (Spark's CodeGenerator metrics)."""
-    import json
-    import urllib.request
-
-    deadline = time.monotonic() + 60
-    while True:  # the UI may come up after the server listens
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{_UI_PORT}/metrics/json", timeout=10) as r:
-                histograms = json.load(r)["histograms"]
-            return next(v["count"] for k, v in histograms.items() if k.endswith("CodeGenerator.compilationTime"))
-        except (OSError, ValueError, StopIteration):
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.5)
+    return poll_json(f"http://127.0.0.1:{ui_port}/metrics/json",
+                     lambda m: next(v["count"] for k, v in m["histograms"].items()
+                                    if k.endswith("CodeGenerator.compilationTime")))
 
 
-def test_a_new_session_reuses_the_code_earlier_sessions_generated(connect_server):
+def test_a_new_session_reuses_the_code_earlier_sessions_generated(connect_server, connect_ui_port):
     """Each group is a new client session. Spark's own server class gives every session a class
     loader of its own, and compiled code is cached by class loader: a warm server compiled the
     same classes again for every group (~95, a third of a small group's server CPU with their
@@ -59,12 +47,12 @@ def test_a_new_session_reuses_the_code_earlier_sessions_generated(connect_server
               "s.stop()\n")
 
     def run_in_a_new_session() -> int:
-        before = _compiled_classes()
+        before = _compiled_classes(connect_ui_port)
         done = subprocess.run([sys.executable, "-c", client, connect_server], capture_output=True, text=True,
                               timeout=120)
         assert done.returncode == 0, done.stderr[-3000:]
         assert done.stdout.split() == [",".join(str(k) for k in range(13) if k != 5)]  # computed, not skipped
-        return _compiled_classes() - before
+        return _compiled_classes(connect_ui_port) - before
 
     first = run_in_a_new_session()
     assert first > 0, "the query compiled no code: it no longer tests the cache"
@@ -72,11 +60,15 @@ def test_a_new_session_reuses_the_code_earlier_sessions_generated(connect_server
 
 
 @pytest.fixture(scope="module")
-def connect_server(tmp_path_factory) -> Iterator[str]:
-    global _UI_PORT
-    _UI_PORT = free_port()  # the UI's metrics servlet counts the server's compiled classes
+def connect_ui_port() -> int:
+    """The server's UI port: its metrics servlet counts the server's compiled classes."""
+    return free_port()
+
+
+@pytest.fixture(scope="module")
+def connect_server(tmp_path_factory, connect_ui_port) -> Iterator[str]:
     proc, url = start_connect_server(tmp_path_factory.mktemp("connect") / "server.log", "local[2]",
-                                     conf={"spark.ui.enabled": "true", "spark.ui.port": str(_UI_PORT)})
+                                     conf={"spark.ui.enabled": "true", "spark.ui.port": str(connect_ui_port)})
     try:
         yield url
     finally:
