@@ -51,13 +51,13 @@ import subprocess
 import sys
 import threading
 import time
-import urllib.request
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from bench.common import ROOT, configure, results_dir, write_result, write_spec, ysb_spec_yaml
+from sluice.net import get_json
 
 MB = 1_000_000
 CORES = 2
@@ -265,8 +265,7 @@ class RestPoller:
         self._thread.start()
 
     def _get(self, url: str) -> Any:
-        with urllib.request.urlopen(url, timeout=2) as resp:
-            return json.loads(resp.read())
+        return get_json(url, timeout_s=2)
 
     def _loop(self) -> None:
         app = None

@@ -1,7 +1,7 @@
 """Where a group's time goes when it is not processing records.
 
     python -m bench.overhead [--quick] [--skip-airflow]
-    python -m bench.overhead --connect [--connect-reps 4] [--profile]   # ~6-10 min
+    python -m bench.overhead --connect [--connect-reps 4] [--profile [1,1,4]]   # ~6-10 min
     python -m bench.overhead --airflow-only [--modes connect] [--ks 1,32,32,32]   # ~8 min a mode
 
 1. **Cold start**: a fresh Python process builds a SparkSession with Delta, runs one query,
@@ -379,7 +379,9 @@ def _jvm_counters(pid: int, port: int = CONNECT_UI_PORT) -> dict[str, float]:
     gc = sum(float(v) for k, v in values.items() if re.fullmatch(r"sun\.gc\.collector\.\d+\.time", k))
     counters = {"jit_s": float(values.get("java.ci.totalTime", 0)) / freq, "gc_pause_s": gc / freq}
     try:
-        metrics = json.loads(_rest_raw("/metrics/json", port))["histograms"]
+        from sluice.net import get_json
+
+        metrics = get_json(_ui_url("/metrics/json", port))["histograms"]
         key = next(k for k in metrics if k.endswith("CodeGenerator.compilationTime"))
         counters["codegen_classes"] = metrics[key]["count"]
         counters["codegen_s"] = metrics[key]["mean"] * metrics[key]["count"] / 1000
@@ -388,23 +390,22 @@ def _jvm_counters(pid: int, port: int = CONNECT_UI_PORT) -> dict[str, float]:
     return counters
 
 
-def _rest_raw(path: str, port: int = CONNECT_UI_PORT) -> bytes:
-    import urllib.request
-
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=10) as r:
-        return r.read()
+def _ui_url(path: str, port: int = CONNECT_UI_PORT) -> str:
+    return f"http://127.0.0.1:{port}{path}"
 
 
 def _rest(path: str, port: int = CONNECT_UI_PORT) -> Any:
-    return json.loads(_rest_raw(f"/api/v1{path}", port))
+    """Spark's REST API (``/api/v1``) on the server's UI."""
+    from sluice.net import get_json
+
+    return get_json(_ui_url(f"/api/v1{path}", port))
 
 
 def _app_id(port: int, timeout_s: float = 60) -> str:
     """The application's id from its UI, which may come up after the server listens."""
     from sluice.net import poll_json
 
-    return poll_json(f"http://127.0.0.1:{port}/api/v1/applications", lambda apps: str(apps[0]["id"]),
-                     timeout_s, every_s=1)
+    return poll_json(_ui_url("/api/v1/applications", port), lambda apps: str(apps[0]["id"]), timeout_s, every_s=1)
 
 
 def _spark_jobs(app: str, since_job: int, port: int = CONNECT_UI_PORT) -> tuple[list[dict[str, Any]], int]:
@@ -419,7 +420,7 @@ def _spark_jobs(app: str, since_job: int, port: int = CONNECT_UI_PORT) -> tuple[
     return out, max([j["jobId"] for j in jobs], default=since_job)
 
 
-def connect_groups(work: Path, reps: int, profile: bool = False, warm_groups: int = 4,
+def connect_groups(work: Path, reps: int, profile: tuple[int, ...] = (), warm_groups: int = 4,
                    variants: dict[str, dict[str, Any]] | None = None, server_java: str | None = None) -> dict[str, Any]:
     """A group's fixed CPU on a warm Connect server: ``reps`` groups of each size in
     ``CONNECT_SIZES`` (alternating) of one pipeline, each a ``run_group --plan`` client
@@ -431,8 +432,8 @@ def connect_groups(work: Path, reps: int, profile: bool = False, warm_groups: in
     ``variants`` (A/B): label -> ``{"conf": spark.conf of the pipeline, "env": client env,
     "java": the server's JVM options}``, each its own pipeline, their groups alternating; a
     variant with other ``java`` options than another gets a server of its own (``server_java``:
-    the default, ``None``: ``sluice.spark.connect_java_options()``). ``profile``: three more
-    small groups under JFR (server) after the measured ones."""
+    the default, ``None``: ``sluice.spark.connect_java_options()``). ``profile``: more
+    groups under JFR (server) after the measured ones, of these numbers of files."""
     from bench.cost import Linear
     from sluice.spark import start_connect_server as start
     from sluice.store import EpochStore
@@ -446,7 +447,7 @@ def connect_groups(work: Path, reps: int, profile: bool = False, warm_groups: in
             labels = list(variants) if (rep + CONNECT_SIZES.index(size)) % 2 == 0 else list(variants)[::-1]
             order += [(label, size) for label in labels]
     warm = [(label, n) for i in range(warm_groups) for label in variants for n in (CONNECT_SIZES[i % 2],)]
-    profiled = [(next(iter(variants)), n) for n in (1, 1, 4)] if profile else []
+    profiled = [(next(iter(variants)), n) for n in profile]
     pipes: dict[str, dict[str, Any]] = {}
     for label, variant in variants.items():
         name = f"bench_connect_{label}"
@@ -654,7 +655,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--connect", action="store_true",
                         help="only a group's fixed CPU on a warm Connect server (added to overhead.json)")
     parser.add_argument("--connect-reps", type=int, default=4, help="groups of each size (--connect)")
-    parser.add_argument("--profile", action="store_true", help="--connect: three more groups under JFR")
+    parser.add_argument("--profile", nargs="?", const="1,1,4", default="",
+                        help="--connect: more groups under JFR, of these numbers of files (default 1,1,4)")
     parser.add_argument("--connect-warm", type=int, default=4, help="--connect: untimed groups first")
     parser.add_argument("--server-java-options", default=None,
                         help="--connect: JVM options of the Connect server (default: sluice's own)")
@@ -663,7 +665,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     work = configure("overhead")
     if args.connect:
-        out = connect_groups(work, args.connect_reps, profile=args.profile, warm_groups=args.connect_warm,
+        profile = tuple(int(n) for n in args.profile.split(",") if n)
+        out = connect_groups(work, args.connect_reps, profile=profile, warm_groups=args.connect_warm,
                              variants=json.loads(args.ab) if args.ab else None, server_java=args.server_java_options)
         write_result("overhead_connect_ab" if args.ab else "overhead_connect_groups", out)  # every group's steps
         # Of an A/B run the last variant's figures are the ones of record (``ab`` holds every variant's).

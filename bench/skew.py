@@ -34,11 +34,11 @@ import statistics
 import sys
 import time
 import urllib.error
-import urllib.request
 from pathlib import Path
 from typing import Any
 
 from bench.common import configure, session, stats, write_result
+from sluice.net import get_json
 
 ZS = (0.5, 1.0, 1.5, 2.0)
 KEYS = 200  # distinct keys = table partitions per epoch
@@ -76,8 +76,7 @@ class TaskMetrics:
         self.base = f"{self.sc.uiWebUrl}/api/v1/applications/{self.sc.applicationId}"
 
     def _get(self, path: str) -> Any:
-        with urllib.request.urlopen(self.base + path, timeout=30) as response:
-            return json.load(response)
+        return get_json(self.base + path, timeout_s=30)
 
     def write_stage(self, group: str) -> dict[str, Any]:
         """The stage of the group that read the most shuffle records (the write after the

@@ -13,17 +13,15 @@ as it would on machines of their own.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import signal
 import subprocess
 import sys
 import time
-import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sluice.net import free_port
+from sluice.net import free_port, get_json
 from sluice.paths import data_dir
 
 #: What a worker offers: one core and 1 GiB each (two workers on this 2-core machine).
@@ -53,8 +51,7 @@ class SparkCluster:
 
     def state(self) -> dict:
         """The master's own view (its web UI's JSON): workers, running and completed apps."""
-        with urllib.request.urlopen(f"http://127.0.0.1:{self.ui_port}/json/", timeout=5) as r:
-            return json.load(r)
+        return get_json(f"http://127.0.0.1:{self.ui_port}/json/", timeout_s=5)
 
     def stop(self, timeout: float = 30) -> None:
         for proc in reversed(self.procs):  # workers first, then the master

@@ -20,6 +20,12 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def get_json(url: str, timeout_s: float = 10) -> Any:
+    """The JSON a local server answers at ``url`` (a Spark UI's REST API, a master's ``/json/``)."""
+    with urllib.request.urlopen(url, timeout=timeout_s) as r:
+        return json.load(r)
+
+
 def poll_json(url: str, pick: Callable[[Any], T], timeout_s: float = 60, every_s: float = 0.5) -> T:
     """``pick`` of the JSON at ``url``, polled until it answers: a Spark driver's UI comes up after
     its server listens, and its REST API lists the application a moment later still. Raises the
@@ -27,8 +33,7 @@ def poll_json(url: str, pick: Callable[[Any], T], timeout_s: float = 60, every_s
     deadline = time.monotonic() + timeout_s
     while True:
         try:
-            with urllib.request.urlopen(url, timeout=10) as r:
-                return pick(json.load(r))
+            return pick(get_json(url))
         except (OSError, ValueError, LookupError, StopIteration):
             if time.monotonic() > deadline:
                 raise

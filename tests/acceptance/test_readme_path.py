@@ -164,6 +164,12 @@ def landed(user: User) -> list[Path]:
     return sorted((user.root / "var" / "landing" / "ysb").glob("*.json"))
 
 
+def committed(table: Path) -> bool:
+    """Whether the Delta table has its first commit. ``_delta_log/`` is made before its first
+    commit file: a read in between fails with DELTA_TABLE_NOT_FOUND, not "no rows yet"."""
+    return any((table / "_delta_log").glob("*.json"))
+
+
 def table_counts(spark: Any, path: Path) -> Counter:
     counts: Counter = Counter()
     for r in spark.read.format("delta").load(str(path)).collect():
@@ -176,7 +182,7 @@ def table_counts(spark: Any, path: Path) -> Counter:
 def equals_oracle(spark: Any, user: User) -> dict[str, Any] | None:
     """The aggregate table equals the raw files' window counts (None while it does not)."""
     table = user.root / "var" / "tables" / "ysb" / "campaign_views"
-    if not (table / "_delta_log").exists():
+    if not committed(table):
         return None
     expected = expected_window_counts(landed(user))
     got = table_counts(spark, table)
@@ -185,7 +191,7 @@ def equals_oracle(spark: Any, user: User) -> dict[str, Any] | None:
 
 def rejected(spark: Any, user: User) -> list[tuple[str, int, str]]:
     table = user.root / "var" / "tables" / "ysb" / "_rejected"
-    if not (table / "_delta_log").exists():
+    if not committed(table):
         return []
     return [(r["file"], r["line"], r["reason"]) for r in spark.read.format("delta").load(str(table)).collect()]
 
@@ -329,7 +335,7 @@ def test_readme_backfill_command_processes_the_range(spark, user):
     table = user.root / "var" / "tables" / "ysb_clean" / "view_events"
 
     def views_equal() -> dict | None:
-        if not (table / "_delta_log").exists():
+        if not committed(table):
             return None
         expected = Counter((e["user_id"], e["ad_id"], int(e["event_time"]))
                            for _, _, e in raw_events(landed(user)) if e and e["event_type"] == "view")

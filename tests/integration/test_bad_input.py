@@ -8,6 +8,7 @@ import json
 import os
 import re
 import shutil
+from collections.abc import Iterator
 
 import pytest
 
@@ -182,6 +183,17 @@ def test_a_file_landed_again_under_its_name_with_new_content_is_processed(spark,
         log.close()
 
 
+def read_both_ways(spark, source, end: int, monkeypatch) -> Iterator[tuple[str, list]]:
+    """The records of offsets ``[0, end)`` read whole, then line by line (every file above the
+    whole-file limit)."""
+    from sluice.sources import files as file_source
+
+    for how, whole_max in (("whole", file_source.WHOLE_FILE_MAX_BYTES), ("line by line", 0)):
+        with monkeypatch.context() as m:
+            m.setattr(file_source, "WHOLE_FILE_MAX_BYTES", whole_max)
+            yield how, source.read(spark, 0, end).collect()
+
+
 def test_a_byte_order_mark_is_not_read_and_a_file_changed_under_a_lazy_read_fails(spark, monkeypatch):
     """A UTF-8 byte-order mark (Excel's "CSV UTF-8", Notepad) does not make a file's first record
     malformed, whether the file is read whole or line by line; and a file appended to after
@@ -191,7 +203,6 @@ def test_a_byte_order_mark_is_not_read_and_a_file_changed_under_a_lazy_read_fail
     from pyspark.errors import PySparkException
 
     from sluice.sources import FileSource
-    from sluice.sources import files as file_source
 
     spec = make_pipeline("bom_input", **{"source.settle_s": 0})
     paths = land(spec, files=2, rate_per_file=3)
@@ -203,16 +214,47 @@ def test_a_byte_order_mark_is_not_read_and_a_file_changed_under_a_lazy_read_fail
     try:
         source = FileSource(spec, log)
         assert source.discover() == 2
-        for whole_max in (file_source.WHOLE_FILE_MAX_BYTES, 0):  # read whole, then line by line
-            monkeypatch.setattr(file_source, "WHOLE_FILE_MAX_BYTES", whole_max)
-            rows = source.read(spark, 0, 2).where("_line = 1").collect()
-            assert {r["_file"]: (r["ad_id"], r["_corrupt_record"], r["_defect"]) for r in rows} == {
-                p: (ad, None, None) for p, ad in first.items()}, whole_max
-        monkeypatch.undo()
+        for how, rows in read_both_ways(spark, source, 2, monkeypatch):
+            assert {r["_file"]: (r["ad_id"], r["_corrupt_record"], r["_defect"]) for r in rows
+                    if r["_line"] == 1} == {p: (ad, None, None) for p, ad in first.items()}, how
         lazy = source.read(spark, 0, 2)  # checked now, read at collect()
         with open(paths[0], "ab") as fh:
             fh.write(b'{"ad_id": "late"}\n')
         with pytest.raises(PySparkException, match=re.escape(f"file {paths[0]} was read with")):
             lazy.collect()
+    finally:
+        log.close()
+
+
+def test_crlf_and_lf_files_read_whole_and_line_by_line_give_the_raw_lines(spark, monkeypatch):
+    """Files with Windows line ends (CRLF), Unix ones without a last line end, and one ending in
+    a lone CR give, read whole and line by line alike, each raw line once under its number: a
+    line's end is never part of its record (nor of a malformed record's text in ``_rejected``).
+    The oracle is Python's ``splitlines`` of the raw bytes. Cost: two reads of three tiny files
+    through the session's Spark (about 2 s on 2 cores); no table is written."""
+    from sluice.sources import FileSource
+
+    spec = make_pipeline("line_ends", **{"source.settle_s": 0})
+    paths = land(spec, files=3, rate_per_file=4)
+    for i, path in enumerate(paths):
+        lines = path.read_text().splitlines()
+        lines[1] = '{"ad_id": "cut'  # malformed, so its text is what _rejected keeps
+        ends = ("\r\n".join(lines) + "\r\n", "\n".join(lines), "\r\n".join(lines) + "\r")[i]
+        path.write_bytes(ends.encode())
+    expected = {}
+    for path in paths:
+        for n, line in enumerate(path.read_bytes().decode().splitlines(), start=1):
+            if line.strip():
+                try:
+                    expected[(str(path), n)] = (json.loads(line)["ad_id"], None)
+                except ValueError:
+                    expected[(str(path), n)] = (None, line)
+    log = EpochStore()
+    try:
+        source = FileSource(spec, log)
+        assert source.discover() == 3
+        for how, rows in read_both_ways(spark, source, 3, monkeypatch):
+            got = {(r["_file"], r["_line"]): (r["ad_id"], r["_corrupt_record"]) for r in rows}
+            assert len(rows) == len(got) and got == expected, how
     finally:
         log.close()

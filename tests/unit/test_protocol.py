@@ -320,15 +320,19 @@ def test_first_commit_holding_stops_at_an_older_generation():
     assert first_commit_holding(commits, "g1", 1, 3) is None
 
 
-def test_first_commit_holding_passes_over_a_late_fence_of_an_older_generation():
+@pytest.mark.parametrize("late", ["fence", "create"])
+def test_first_commit_holding_passes_over_a_late_fence_of_an_older_generation(late):
     """Sim seed 97003300: a table the rollback's rerun made and wrote in generation 1, then the
     fence of a generation-0 run stopped while it made its tables (its app id had no txn in that
     table). Stopping at that fence kept the rerun's epoch 0 beside the next attempt's: 35 extra
-    counts. A fence holds no data; an older generation's write still ends the walk."""
+    counts. Seed 673911345: the same with that run's table creation, which on a table that is
+    there lands as an empty append not marked a fence (epoch 0 twice in ``_rejected``). Neither
+    holds data; an older generation's write still ends the walk."""
     from sluice.protocol import TableCommit, first_commit_holding
 
     commits = [TableCommit(v, "WRITE", app_id=a, generation=g, epochs=e, fence=f) for v, a, g, e, f in reversed((
-        (0, "g1", 1, (), False), (1, "g1", 1, (0,), False), (2, "g0", 0, (), True), (3, "g1", 1, (), True)))]
+        (0, "g1", 1, (), False), (1, "g1", 1, (0,), False), (2, "g0", 0, (), late == "fence"),
+        (3, "g1", 1, (), True)))]
     assert first_commit_holding(commits, "g1", 1, 0) == 1
     written = [TableCommit(v, "WRITE", app_id=a, generation=g, epochs=e, fence=f) for v, a, g, e, f in reversed((
         (0, "g1", 1, (), False), (1, "g1", 1, (0,), False), (2, "g0", 0, (5,), False), (3, "g1", 1, (), True)))]

@@ -184,15 +184,16 @@ def first_commit_holding(commits: Iterable[TableCommit], app_id: str, generation
     ``commits`` come newest first (read lazily: the walk usually stops after a few). The walk
     stops at a commit of an older generation that wrote data (a generation's writes all come
     after the rollback that started it) and at one of this app id holding only older epochs. An
-    older generation's fence is passed over: a run of that generation that was stopped while it
-    made its tables can land one after this generation's writes (sim seed 97003300: a table the
-    rollback's rerun had made and written, then the stale run's fence, and the next attempt
-    stopped there and kept the rerun's epoch beside its own).
+    older generation's commit holding no epochs is passed over: a run of that generation that was
+    stopped while it made its tables can land its fence after this generation's writes (sim seed
+    97003300: a table the rollback's rerun had made and written, then the stale run's fence, and
+    the next attempt stopped there and kept the rerun's epoch beside its own), or its table's
+    creation, which on a table that is there lands as an empty append (seed 673911345).
     """
     found = None
     for commit in current_lineage(commits):
         if commit.app_id is not None and commit.generation is not None and commit.generation < generation:
-            if commit.fence and not commit.epochs:
+            if not commit.epochs:
                 continue
             break
         if commit.app_id == app_id and commit.epochs:

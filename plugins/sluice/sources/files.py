@@ -410,7 +410,12 @@ def split_lines(files: DataFrame, epoch_of: Callable[[Column], Column] | None = 
     from files read whole (one row per file): what depends on the file only is computed once
     per file, before the split. ``sizes`` (path -> registered bytes): a file read with other
     bytes fails the read, naming it. A leading byte-order mark is not part of line 1 (Hadoop's
-    line reader, behind ``number_lines``, skips it by itself)."""
+    line reader, behind ``number_lines``, skips it by itself).
+
+    Split at ``\\n``, then one ``\\r`` cut from a line's end: a one-character separator takes
+    Java's ``String.split`` fast path, where ``\\r?\\n`` ran the regex engine over every file
+    (~3 of the read's ~14 µs a record, on 2 cores). A last line ending in a lone ``\\r`` loses it
+    too, as Hadoop's line reader (large files) ends a line there."""
     from itertools import chain
 
     from pyspark.sql import functions as F
@@ -426,9 +431,12 @@ def split_lines(files: DataFrame, epoch_of: Callable[[Column], Column] | None = 
     if epoch_of:
         files = files.withColumn("_epoch", epoch_of(F.col("_file")))
     epoch = ["_epoch"] if epoch_of else []
+    text = F.col("_text")
     return files.select(
-        "_file", *epoch, F.posexplode(F.split(strip_bom(F.col("value")), "\r?\n")).alias("_pos", "_text"),
-    ).select("_file", (F.col("_pos") + 1).alias("_line"), "_text", *epoch)
+        "_file", *epoch, F.posexplode(F.split(strip_bom(F.col("value")), "\n")).alias("_pos", "_text"),
+    ).select("_file", (F.col("_pos") + 1).alias("_line"),
+             F.when(text.endswith("\r"), F.expr("substring(_text, 1, length(_text) - 1)")).otherwise(text)
+             .alias("_text"), *epoch)
 
 
 def strip_bom(text: Column) -> Column:
