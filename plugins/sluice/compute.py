@@ -198,6 +198,24 @@ def load_reference(spark: SparkSession, spec: PipelineSpec, broadcast: bool = Tr
     return refs
 
 
+#: A record's epoch's place in its group (0, 1, ...): what a group's per-epoch queries filter by.
+SLOT = "_slot"
+
+
+def with_slot(records: DataFrame, ranges: list[EpochRange]) -> DataFrame:
+    """``records`` (with ``_epoch``) and their epoch's place in the group, ``_slot``. Spark writes
+    an int literal into the Java source it generates: filtered by epoch id, each group's
+    per-epoch queries (transform, GX, checkpoint) were new classes for a long-lived Connect
+    server to compile and JIT-compile; slots repeat from group to group, and an equality with a
+    literal still lets the cache skip other epochs' batches."""
+    from itertools import chain
+
+    from pyspark.sql import functions as F
+
+    slots = F.create_map(*chain.from_iterable((F.lit(r.epoch_id), F.lit(i)) for i, r in enumerate(ranges)))
+    return records.withColumn(SLOT, F.element_at(slots, F.col("_epoch").cast("int")))
+
+
 def tag_rejected(records: DataFrame, spec: PipelineSpec) -> DataFrame:
     """Add ``_reason``: why a record is malformed (unparseable, missing a required field,
     failing a check), NULL for a valid one."""
@@ -361,7 +379,7 @@ class SparkCompute(Compute):
         from pyspark.sql import functions as F
 
         self.memory.start()
-        read.records = self.source.read_epochs(self.spark, read.ranges).persist()
+        read.records = with_slot(self.source.read_epochs(self.spark, read.ranges), read.ranges).persist()
         try:
             read.tagged = tag_rejected(read.records, self.spec)
             counts = read.tagged.groupBy("_epoch").agg(F.count(F.lit(1)).alias("n"), F.count("_reason").alias("r"))
@@ -457,11 +475,11 @@ class SparkCompute(Compute):
                 return prepared
             per_sink: dict[str, list[DataFrame]] = {}
             quarantined: list[DataFrame] = []
-            for epoch in epochs:
+            for slot, epoch in enumerate(epochs):
                 if kept is not None:
                     valid = kept.where(F.col("_epoch") == epoch.epoch_id).drop("_epoch")
                 else:
-                    valid, _ = split_rejected(records.where(F.col("_epoch") == epoch.epoch_id), self.spec,
+                    valid, _ = split_rejected(records.where(F.col(SLOT) == slot), self.spec,
                                               epoch.generation, epoch.epoch_id)
                 outputs = self._outputs(valid)
                 results = self._validate(epoch, outputs, quarantined, timings)
@@ -473,7 +491,8 @@ class SparkCompute(Compute):
                     per_sink.setdefault(name, []).append(frame)
                 prepared.committing.append(epoch)
             written = [e.epoch_id for e in prepared.committing]
-            prepared.rejected = rejected.where(F.col("epoch").isin(written))
+            prepared.rejected = (rejected.where(F.col("epoch").isin(written)) if prepared.failed is not None
+                                 else rejected)
             if prepared.dedup_state is not None and prepared.failed is not None:
                 # The seen keys of the epochs written only: the failed epoch is read again next time.
                 from sluice.dedup import new_state

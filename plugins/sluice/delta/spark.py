@@ -324,7 +324,8 @@ class SparkTables(Tables):
         can match, so MERGE's join is saved."""
         df = frame
         n = int(self.spark.conf.get("spark.sql.shuffle.partitions") or 200)
-        last = json.loads(metadata).get("epoch", 0)
+        # The deal of split keys' rows is seeded by a constant, not by the epoch: a seed is written
+        # into the Java source Spark generates, and a new one made each group's write new classes.
         keys = None
         if shape.mode == "upsert":
             return self._upsert(path, df, shape, txn, metadata)
@@ -333,17 +334,17 @@ class SparkTables(Tables):
                 from pyspark.sql import functions as F
 
                 schema = self.spark.read.format("delta").load(path).schema  # a sum may widen a type
-                df, keys = layout.sums_by_key(df, list(shape.keys), list(shape.sums), shape.partitioning, n, last)
+                df, keys = layout.sums_by_key(df, list(shape.keys), list(shape.sums), shape.partitioning, n)
                 df = df.select(*[F.col(f"`{f.name}`").cast(f.dataType).alias(f.name) for f in schema.fields])
             writer = df.write
             if shape.partition_by:
-                laid, keys = layout.by_partition_columns(df, list(shape.partition_by), shape.partitioning, n, last)
+                laid, keys = layout.by_partition_columns(df, list(shape.partition_by), shape.partitioning, n)
                 writer = laid.write.partitionBy(*shape.partition_by)
             (writer.format("delta").mode("append")
              .option("txnAppId", txn.app_id).option("txnVersion", txn.version).option("userMetadata", metadata)
              .save(path))
         else:
-            source, keys = layout.sums_by_key(df, list(shape.keys), list(shape.sums), shape.partitioning, n, last)
+            source, keys = layout.sums_by_key(df, list(shape.keys), list(shape.sums), shape.partitioning, n)
             self._merge_add(path, source, shape, txn, metadata)
         return Written(keys)
 

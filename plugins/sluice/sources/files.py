@@ -339,8 +339,9 @@ class FileSource(Source):
         from pyspark.sql import functions as F
 
         entries = self.check_retained(epochs[0].start, epochs[-1].end)
-        if len(epochs) == 1:
-            return self._read(spark, entries, lambda _: F.lit(epochs[0].epoch_id))
+        # A lookup even for one epoch: an int literal is written into the generated Java source,
+        # so each new epoch id made the read's whole stage a new class to compile, and to
+        # JIT-compile again, every group on a long-lived Connect server; a map is a reference.
         owner = {e.path: next(epoch.epoch_id for epoch in epochs if epoch.start <= e.position < epoch.end)
                  for e in entries}
         file_epoch = F.create_map(*chain.from_iterable((F.lit(p), F.lit(i)) for p, i in owner.items()))
