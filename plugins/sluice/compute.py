@@ -460,7 +460,7 @@ class SparkCompute(Compute):
             kept = None
             if self.spec.dedup is not None:  # the valid records whose key was not seen within the horizon
                 kept = self._deduplicate(tagged, valid.columns, prepared)
-                valid = kept.drop("_epoch")
+                valid = kept.drop("_epoch", SLOT)
             outputs = self._outputs(valid)
             if kept is not None:
                 from sluice.dedup import kept_per_epoch
@@ -477,7 +477,7 @@ class SparkCompute(Compute):
             quarantined: list[DataFrame] = []
             for slot, epoch in enumerate(epochs):
                 if kept is not None:
-                    valid = kept.where(F.col("_epoch") == epoch.epoch_id).drop("_epoch")
+                    valid = kept.where(F.col(SLOT) == slot).drop("_epoch", SLOT)
                 else:
                     valid, _ = split_rejected(records.where(F.col(SLOT) == slot), self.spec,
                                               epoch.generation, epoch.epoch_id)
@@ -510,7 +510,7 @@ class SparkCompute(Compute):
     def _deduplicate(self, tagged: DataFrame, carry: list[str], prepared: Prepared) -> DataFrame:
         """``dedup`` on the group's valid records (``sluice.dedup``), from the seen-keys table at
         its current version (pinned: the group's own MERGE must not change what it read): the
-        kept records (``carry`` and ``_epoch``); the seen keys to MERGE go to ``prepared``."""
+        kept records (``carry``, ``_epoch`` and ``_slot``); the seen keys to MERGE go to ``prepared``."""
         from pyspark.sql import functions as F
 
         from sluice.dedup import empty_state, kept_records, new_state, spark_dedup
@@ -525,10 +525,10 @@ class SparkCompute(Compute):
         state = (empty_state(self.spark, self.spec) if version is None
                  else self.spark.read.format("delta").option("versionAsOf", version).load(path))
         valid = tagged.where(F.col("_reason").isNull())
-        folded = spark_dedup(valid, state, self.spec, [*carry, "_epoch"]).persist()
+        folded = spark_dedup(valid, state, self.spec, [*carry, "_epoch", SLOT]).persist()
         prepared.cached.append(folded)
         prepared.dedup_state = new_state(folded, self.spec)
-        return kept_records(folded, [*carry, "_epoch"])
+        return kept_records(folded, [*carry, "_epoch", SLOT])
 
     def _validate(self, epoch: Epoch, outputs: dict[str, DataFrame], quarantined: list[DataFrame],
                   timings: dict[str, float]) -> dict[str, validation.SinkValidation]:

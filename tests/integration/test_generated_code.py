@@ -6,9 +6,19 @@ by Janino and then by the JIT again, on a Connect server that lives for days (be
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import pytest
+
 from sluice.protocol.run import run_once
 from sluice.store import EpochStore
-from tests.pipelines import assert_matches_oracle, land, make_pipeline
+from tests.integration.test_delta_source import downstream_of, table_views, views_per_ad
+from tests.pipelines import assert_matches_oracle, land, landed, make_pipeline
+
+
+def compilations(spark):
+    """Spark's count of the classes it compiled (``CodegenMetrics``), process-wide."""
+    return spark.sparkContext._jvm.org.apache.spark.metrics.source.CodegenMetrics.METRIC_COMPILATION_TIME()
 
 
 def test_a_later_group_compiles_no_new_classes(spark):
@@ -22,7 +32,7 @@ def test_a_later_group_compiles_no_new_classes(spark):
     files, about 15 s on 2 cores."""
     spec = make_pipeline("same_code", **{"control.epoch_files": 1, "control.group_epochs": 2,
                                          "spark.mode": "in_process"})
-    metric = spark.sparkContext._jvm.org.apache.spark.metrics.source.CodegenMetrics.METRIC_COMPILATION_TIME()
+    metric = compilations(spark)
     store = EpochStore()
     compiled = []
     try:
@@ -37,3 +47,31 @@ def test_a_later_group_compiles_no_new_classes(spark):
         store.close()
     print(f"classes compiled by each group: {compiled}")
     assert max(compiled[2:]) <= 4, compiled
+
+
+@pytest.mark.variant
+def test_a_delta_source_group_compiles_no_new_classes(spark):
+    """A pipeline reading a Delta table's versions (no GX suite): its fifth and sixth groups, of
+    other versions and files, compile no class at all (2 each when the read tagged rows by a
+    CASE of the group's versions and files; the fourth meets once-only code, 14-16 classes with
+    either, not traced), and the downstream table equals the oracle from the upstream's raw
+    files. Cost: six upstream and six downstream groups, about 45 s (variant: ``make
+    test-all``)."""
+    up = make_pipeline("same_code_up", base="ysb_clean", **{"control.epoch_files": 1, "control.group_epochs": 2,
+                                                            "schedule": None, "spark.mode": "in_process"})
+    down = downstream_of(up, Path(up.path).parent, name="same_code_down")
+    metric = compilations(spark)
+    store = EpochStore()
+    compiled = []
+    try:
+        for seed in (1, 2, 3, 4, 5, 6):
+            land(up, files=2, rate_per_file=20, seed=seed)
+            run_once(up, store, spark)
+            before = metric.getCount()
+            run_once(down, store, spark)
+            compiled.append(metric.getCount() - before)
+        assert table_views(spark, down.sinks[0].path) == views_per_ad(landed(up))
+    finally:
+        store.close()
+    print(f"classes compiled by each downstream group: {compiled}")
+    assert max(compiled[4:]) == 0, compiled

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import logging
 import time
+from itertools import chain
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -231,14 +232,14 @@ class DeltaTableSource(EntrySource):
             data_schema = type(table.schema)([f for f in table.schema if f.name not in partitions])
             rows = spark.read.schema(data_schema).parquet(*[a.path for _, a in files.values()])
             name = F.element_at(F.split(F.col("_metadata.file_path"), "/"), -1)
-            version = _case(name, {n: v for n, (v, _) in files.items()})
+            version = _lookup(name, {n: v for n, (v, _) in files.items()})
             for column in partitions:  # not in the files: from the log, typed as the table has it
                 typ = table.schema[column].dataType
-                rows = rows.withColumn(column, _case(name, {n: a.partition_values.get(column)
+                rows = rows.withColumn(column, _lookup(name, {n: a.partition_values.get(column)
                                                             for n, (_, a) in files.items()}).cast(typ))
             where, index = name, F.col("_metadata.row_index") + 1  # lines count from 1, as a file's
         data = list(table.columns)
-        epoch = ([_case(version, {v: epoch_of[p] for v, p in position.items()}).alias("_epoch")]
+        epoch = ([_lookup(version, {v: epoch_of[p] for v, p in position.items()}).alias("_epoch")]
                  if epoch_of is not None else [])
         lines = rows.select(
             F.concat(F.lit(f"delta://{self.table}@"), version.cast("string"), F.lit("/"), where).alias("_file"),
@@ -263,11 +264,15 @@ def _as_json(columns: list[str]) -> Any:
     return F.to_json(F.struct(*[F.col(f"`{c}`") for c in columns]), {"timestampFormat": TIMESTAMP_FORMAT})
 
 
-def _case(key: Any, mapping: dict[Any, Any]) -> Any:
-    """``CASE key WHEN k THEN v ...`` for a small mapping (an epoch's versions or files)."""
+def _lookup(key: Any, mapping: dict[Any, Any]) -> Any:
+    """``mapping[key]`` for a small mapping (an epoch's versions or files), as a map literal,
+    not ``CASE key WHEN k THEN v``: Spark writes an int literal into the Java source it
+    generates, so each group's versions made new classes on a long-lived server; a map is passed
+    by reference. Int keys are compared as longs (a commit version is one)."""
     from pyspark.sql import functions as F
 
-    expr = None
-    for k, v in mapping.items():
-        expr = F.when(key == F.lit(k), F.lit(v)) if expr is None else expr.when(key == F.lit(k), F.lit(v))
-    return expr if expr is not None else F.lit(None)
+    if not mapping:
+        return F.lit(None)
+    ints = all(isinstance(k, int) for k in mapping)
+    pairs = chain.from_iterable((F.lit(k).cast("long") if ints else F.lit(k), F.lit(v)) for k, v in mapping.items())
+    return F.element_at(F.create_map(*pairs), key.cast("long") if ints else key)

@@ -44,7 +44,7 @@ from sluice.store import EpochStore, ManifestEntry
 
 if TYPE_CHECKING:
     from confluent_kafka import Consumer
-    from pyspark.sql import Column, DataFrame, SparkSession
+    from pyspark.sql import DataFrame, SparkSession
 
 
 log = logging.getLogger(__name__)
@@ -177,7 +177,7 @@ def partition_ranges(chunks: list[Chunk]) -> dict[int, tuple[int, int]]:
 
 def merge_adjacent(chunks: list[tuple[Chunk, Any]]) -> list[tuple[Chunk, Any]]:
     """Consecutive chunks of one partition with the same tag (epoch) as one range: fewer
-    conditions in the Spark plan."""
+    rows in the chunks a read joins with."""
     merged: list[tuple[Chunk, Any]] = []
     for chunk, tag in sorted(chunks, key=lambda ct: (ct[0].partition, ct[0].start)):
         if merged:
@@ -492,15 +492,15 @@ class KafkaSource(EntrySource):
             **{f"kafka.{k}": v for k, v in self._settings[1].items()},
         }
         records = spark.read.format("kafka").options(**options).load()
-        # A chunk skipped on purpose leaves a hole in its partition's range: only records inside
-        # a chunk are read. Each gets its chunk's epoch.
-        epoch: Column | None = None
-        for chunk, tag in tagged:
-            inside = (F.col("partition") == chunk.partition) & (F.col("offset") >= chunk.start) & \
-                (F.col("offset") < chunk.end)
-            epoch = (F.when(inside, F.lit(tag)) if epoch is None else epoch.when(inside, F.lit(tag)))
-        assert epoch is not None
-        lines = self.numbered_lines(records.withColumn("_epoch", epoch), "_epoch").where(F.col("_epoch").isNotNull())
+        # Each record takes its chunk's epoch by a broadcast join with the chunks, not by a CASE
+        # of their offsets: Spark writes int literals into the Java source it generates, so the
+        # offsets made each group's read new classes on a long-lived server. A chunk skipped on
+        # purpose leaves a hole in its partition's range: the join keeps records inside a chunk.
+        chunks = spark.createDataFrame([(c.partition, c.start, c.end, tag) for c, tag in tagged],
+                                       "_chunk_partition int, _chunk_start long, _chunk_end long, _epoch int")
+        inside = ((F.col("partition") == F.col("_chunk_partition")) & (F.col("offset") >= F.col("_chunk_start"))
+                  & (F.col("offset") < F.col("_chunk_end")))
+        lines = self.numbered_lines(records.join(F.broadcast(chunks), inside), "_epoch")
         if epoch_of is None:
             lines = lines.drop("_epoch")
         return self.parse_lines(lines)
