@@ -208,12 +208,11 @@ def with_slot(records: DataFrame, ranges: list[EpochRange]) -> DataFrame:
     per-epoch queries (transform, GX, checkpoint) were new classes for a long-lived Connect
     server to compile and JIT-compile; slots repeat from group to group, and an equality with a
     literal still lets the cache skip other epochs' batches."""
-    from itertools import chain
-
     from pyspark.sql import functions as F
 
-    slots = F.create_map(*chain.from_iterable((F.lit(r.epoch_id), F.lit(i)) for i, r in enumerate(ranges)))
-    return records.withColumn(SLOT, F.element_at(slots, F.col("_epoch").cast("int")))
+    from sluice.sources.base import lookup
+
+    return records.withColumn(SLOT, lookup(F.col("_epoch"), {r.epoch_id: i for i, r in enumerate(ranges)}))
 
 
 def tag_rejected(records: DataFrame, spec: PipelineSpec) -> DataFrame:
@@ -490,6 +489,8 @@ class SparkCompute(Compute):
                 for name, frame in outputs.items():
                     per_sink.setdefault(name, []).append(frame)
                 prepared.committing.append(epoch)
+            # Filtered only when an epoch failed: an isin of epoch ids is literals in the Java
+            # source Spark generates, a new class each group on a long-lived server.
             written = [e.epoch_id for e in prepared.committing]
             prepared.rejected = (rejected.where(F.col("epoch").isin(written)) if prepared.failed is not None
                                  else rejected)

@@ -324,12 +324,12 @@ class SparkTables(Tables):
         can match, so MERGE's join is saved."""
         df = frame
         n = int(self.spark.conf.get("spark.sql.shuffle.partitions") or 200)
-        # The deal of split keys' rows is seeded by a constant, not by the epoch: a seed is written
-        # into the Java source Spark generates, and a new one made each group's write new classes.
         keys = None
         if shape.mode == "upsert":
             return self._upsert(path, df, shape, txn, metadata)
         if shape.mode == "append" or self.holds_no_files(path):
+            # The layouts deal split keys' rows by a constant seed, not by the epoch: a seed is
+            # written into the Java source Spark generates, and a new one made each write new classes.
             if shape.mode != "append":
                 from pyspark.sql import functions as F
 

@@ -24,6 +24,27 @@ if TYPE_CHECKING:
 
     from sluice.model import EpochRange, Group
 
+
+def lookup(key: Column, mapping: dict[Any, Any]) -> Column:
+    """``mapping[key]`` for a small mapping (a group's epochs, files or versions), as one map
+    literal, not ``CASE key WHEN k THEN v``: Spark writes an int literal into the Java source it
+    generates, so each group's ids made new classes for a long-lived Connect server to compile
+    and JIT-compile; a map is passed by reference. Int keys are compared as longs (a commit
+    version is one); a value may be a Column (``F.lit`` keeps it).
+
+    >>> lookup(F.col("_file"), {"a.jsonl": 7, "b.jsonl": 8})  # doctest: +SKIP
+    """
+    from itertools import chain
+
+    from pyspark.sql import functions as F
+
+    if not mapping:
+        return F.lit(None)
+    ints = all(isinstance(k, int) for k in mapping)
+    pairs = chain.from_iterable((F.lit(k).cast("long") if ints else F.lit(k), F.lit(v)) for k, v in mapping.items())
+    return F.element_at(F.create_map(*pairs), key.cast("long") if ints else key)
+
+
 #: How much of a record above ``source.max_record_bytes`` is kept in ``_rejected``.
 RECORD_KEPT_CHARS = 1024
 

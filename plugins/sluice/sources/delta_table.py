@@ -25,13 +25,12 @@ from __future__ import annotations
 
 import logging
 import time
-from itertools import chain
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from sluice.errors import SourceError
 from sluice.model import PUBLISHED
-from sluice.sources.base import Backlog, EntrySource
+from sluice.sources.base import Backlog, EntrySource, lookup
 from sluice.sources.delta_versions import (
     TableVersion,
     VersionLog,
@@ -232,14 +231,14 @@ class DeltaTableSource(EntrySource):
             data_schema = type(table.schema)([f for f in table.schema if f.name not in partitions])
             rows = spark.read.schema(data_schema).parquet(*[a.path for _, a in files.values()])
             name = F.element_at(F.split(F.col("_metadata.file_path"), "/"), -1)
-            version = _lookup(name, {n: v for n, (v, _) in files.items()})
+            version = lookup(name, {n: v for n, (v, _) in files.items()})
             for column in partitions:  # not in the files: from the log, typed as the table has it
                 typ = table.schema[column].dataType
-                rows = rows.withColumn(column, _lookup(name, {n: a.partition_values.get(column)
+                rows = rows.withColumn(column, lookup(name, {n: a.partition_values.get(column)
                                                             for n, (_, a) in files.items()}).cast(typ))
             where, index = name, F.col("_metadata.row_index") + 1  # lines count from 1, as a file's
         data = list(table.columns)
-        epoch = ([_lookup(version, {v: epoch_of[p] for v, p in position.items()}).alias("_epoch")]
+        epoch = ([lookup(version, {v: epoch_of[p] for v, p in position.items()}).alias("_epoch")]
                  if epoch_of is not None else [])
         lines = rows.select(
             F.concat(F.lit(f"delta://{self.table}@"), version.cast("string"), F.lit("/"), where).alias("_file"),
@@ -262,17 +261,3 @@ def _as_json(columns: list[str]) -> Any:
     from pyspark.sql import functions as F
 
     return F.to_json(F.struct(*[F.col(f"`{c}`") for c in columns]), {"timestampFormat": TIMESTAMP_FORMAT})
-
-
-def _lookup(key: Any, mapping: dict[Any, Any]) -> Any:
-    """``mapping[key]`` for a small mapping (an epoch's versions or files), as a map literal,
-    not ``CASE key WHEN k THEN v``: Spark writes an int literal into the Java source it
-    generates, so each group's versions made new classes on a long-lived server; a map is passed
-    by reference. Int keys are compared as longs (a commit version is one)."""
-    from pyspark.sql import functions as F
-
-    if not mapping:
-        return F.lit(None)
-    ints = all(isinstance(k, int) for k in mapping)
-    pairs = chain.from_iterable((F.lit(k).cast("long") if ints else F.lit(k), F.lit(v)) for k, v in mapping.items())
-    return F.element_at(F.create_map(*pairs), key.cast("long") if ints else key)

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, BinaryIO
 
 from sluice.boundary import host_time
 from sluice.errors import SourceError
-from sluice.sources.base import Backlog, Source
+from sluice.sources.base import Backlog, Source, lookup
 from sluice.spec import PipelineSpec
 from sluice.store import EpochStore, ManifestEntry
 
@@ -334,18 +334,13 @@ class FileSource(Source):
         """Read a group's contiguous epochs in one scan: ``read`` of their whole range, with the
         ``_epoch`` each record's file belongs to (by its manifest position; looked up once per
         file where files are read whole, before they are split into records)."""
-        from itertools import chain
-
-        from pyspark.sql import functions as F
-
         entries = self.check_retained(epochs[0].start, epochs[-1].end)
         # A lookup even for one epoch: an int literal is written into the generated Java source,
         # so each new epoch id made the read's whole stage a new class to compile, and to
         # JIT-compile again, every group on a long-lived Connect server; a map is a reference.
         owner = {e.path: next(epoch.epoch_id for epoch in epochs if epoch.start <= e.position < epoch.end)
                  for e in entries}
-        file_epoch = F.create_map(*chain.from_iterable((F.lit(p), F.lit(i)) for p, i in owner.items()))
-        return self._read(spark, entries, lambda file: F.element_at(file_epoch, file))
+        return self._read(spark, entries, lambda file: lookup(file, owner))
 
     def _read(self, spark: SparkSession, entries: list[ManifestEntry],
               epoch_of: Callable[[Column], Column] | None = None) -> DataFrame:
@@ -417,14 +412,12 @@ def split_lines(files: DataFrame, epoch_of: Callable[[Column], Column] | None = 
     Java's ``String.split`` fast path, where ``\\r?\\n`` ran the regex engine over every file
     (~3 of the read's ~14 µs a record, on 2 cores). A last line ending in a lone ``\\r`` loses it
     too, as Hadoop's line reader (large files) ends a line there."""
-    from itertools import chain
-
     from pyspark.sql import functions as F
 
     files = files.select(file_name(F.col("_metadata.file_path")).alias("_file"), "value")
     if sizes is not None:  # the raw bytes, before the split decodes them
-        read, registered = F.octet_length("value"), F.element_at(F.create_map(*chain.from_iterable(
-            (F.lit(p), F.lit(n).cast("long")) for p, n in sizes.items())), F.col("_file"))
+        read = F.octet_length("value")
+        registered = lookup(F.col("_file"), {p: F.lit(n).cast("long") for p, n in sizes.items()})
         files = files.withColumn("value", F.when(read == registered, F.col("value")).otherwise(F.raise_error(
             F.concat(F.lit(f"pipeline {pipeline!r}: file "), F.col("_file"), F.lit(" was read with "),
                      read.cast("string"), F.lit(" bytes, registered with "), registered.cast("string"),
@@ -491,8 +484,7 @@ def number_lines(spark: SparkSession, paths: list[str],
             fields.append(epoch_of(F.lit(path[uri])).alias("epoch"))
         return F.struct(*fields)
 
-    info = F.element_at(F.create_map(*chain.from_iterable((F.lit(uri), file_info(uri)) for uri in shift)),
-                        F.col("_uri"))
+    info = lookup(F.col("_uri"), {uri: file_info(uri) for uri in shift})
     return scan().select(info.getField("file").alias("_file"),
                          (F.col("_row") + F.element_at(info.getField("shift"), F.col("_block"))).alias("_line"),
                          "_text", *([info.getField("epoch").alias("_epoch")] if epoch_of else []))
