@@ -32,6 +32,18 @@ import numpy as np
 BIN_RATIO = 1.25
 #: How far one epoch's error moves the curve's level (log scale).
 LEVEL_ALPHA = 0.15
+#: A group's mean error beyond this many standard errors of the measured noise is a level shift
+#: (a capacity cut or its end), followed at once: bins first measured while the level lagged
+#: would keep the shift as their own shape (capacity_cut-cliff-47).
+SHIFT_SIGMAS = 4.0
+#: The spread of a group's mean error assumed at least (log sd).
+SHIFT_FLOOR = 0.1
+#: Groups whose mean errors are measured before a shift is told from their spread.
+SHIFT_GROUPS = 5
+#: Epochs a bin holds before an error at its size may tell a shift (one sample may be the outlier).
+SHIFT_SAMPLES = 3
+#: How fast the spread of groups' mean errors follows (per group).
+SHIFT_ALPHA = 0.1
 #: Epochs a partition count is tried for before its score is trusted (one epoch is one noisy sample).
 EXPLORE_SAMPLES = 3
 #: A partition count is judged, and tried, by its epochs within this factor of the planned size:
@@ -58,6 +70,8 @@ class CostCurve:
     bins: dict[int, dict[int, list[float]]] = field(default_factory=dict)
     level: float = 1.0  # the bins' costs are relative to it (see ``add``)
     noise_var: float = 0.0  # EWMA of an epoch's squared log error against the curve (its measured noise)
+    level_var: float = 0.0  # EWMA of a group's squared mean log error (how far groups miss by noise)
+    level_groups: int = 0  # groups in level_var
     _cache: tuple[int, tuple[np.ndarray, np.ndarray]] | None = field(default=None, repr=False, compare=False)
     _version: int = field(default=0, repr=False, compare=False)
     _at_cache: dict[int, tuple[int, dict[int, tuple[float, float]]]] = field(
@@ -66,12 +80,36 @@ class CostCurve:
     def add_group(self, records: list[float], seconds: list[float], partitions: int, *,
                   replace: bool = False) -> None:
         """Fold in a group's epochs (one partition count): the level moves on their mean error
-        against the curve as it was before them, then each epoch goes to its bin."""
-        errors = [math.log(s / p) for n, s in zip(records, seconds, strict=True)
-                  if n >= 1 and s > 0 and (p := self._predict_at(partitions, n)) is not None and p > 0]
+        against the curve as it was before them, then each epoch goes to its bin. A mean error
+        far beyond the noise at measured sizes moves it the whole way: a capacity cut seen first
+        at a new size would otherwise stay in that size's bin as steepness once the level caught
+        up, and drains would keep away from it."""
+        errors, at_bins = [], []
+        for n, s in zip(records, seconds, strict=True):
+            if n >= 1 and s > 0 and (p := self._predict_at(partitions, n)) is not None and p > 0:
+                errors.append(math.log(s / p))
+                if self.bins.get(self._bin_of(n), {}).get(partitions, (0, 0, 0))[2] >= SHIFT_SAMPLES:
+                    at_bins.append(errors[-1])
         if errors:
             mean = sum(errors) / len(errors)
-            self.level *= math.exp(LEVEL_ALPHA * max(-1.0, min(1.0, mean)))
+            # A shift: the group's mean error where its sizes were measured (not interpolated
+            # across a gap, where a cliff or a chord over convex work errs as much) beyond what
+            # such errors spread by (measured over SHIFT_GROUPS groups first): followed at once.
+            shifted = None
+            if at_bins:
+                m = sum(at_bins) / len(at_bins)
+                # one epoch's squared error, were the group's errors noise: the epochs' own noise
+                # averages out over the group, the bins' averages (EWMAs of a few epochs) do not
+                z2 = m * m / (1 / len(at_bins) + self.alpha / (2 - self.alpha))
+                spread = max(self.level_var, self.noise_var, SHIFT_FLOOR**2)  # the spread within groups too
+                if self.level_groups >= SHIFT_GROUPS and z2 > SHIFT_SIGMAS**2 * spread:
+                    shifted = m
+                else:
+                    self.level_var = z2 if not self.level_groups else (
+                        SHIFT_ALPHA * z2 + (1 - SHIFT_ALPHA) * self.level_var)
+                    self.level_groups += 1
+            step = shifted if shifted is not None else LEVEL_ALPHA * max(-1.0, min(1.0, mean))
+            self.level *= math.exp(max(-1.0, min(1.0, step)))
             if len(errors) >= 2:  # the spread within one group: noise, not a level shift
                 var = sum((e - mean) ** 2 for e in errors) / (len(errors) - 1)
                 self.noise_var = var if not self.noise_var else NOISE_ALPHA * var + (1 - NOISE_ALPHA) * self.noise_var
@@ -95,11 +133,14 @@ class CostCurve:
             self.level *= math.exp(LEVEL_ALPHA * error)
         self._to_bin(records, seconds, partitions, replace=replace)
 
+    @staticmethod
+    def _bin_of(records: float) -> int:
+        return math.floor(math.log(records) / math.log(BIN_RATIO))
+
     def _to_bin(self, records: float, seconds: float, partitions: int, *, replace: bool) -> None:
         if records < 1 or seconds <= 0 or not math.isfinite(seconds):
             return
-        b = math.floor(math.log(records) / math.log(BIN_RATIO))
-        cell = self.bins.setdefault(b, {})
+        cell = self.bins.setdefault(self._bin_of(records), {})
         old = cell.get(partitions)
         per = seconds / records / self.level
         if old is None or replace:
@@ -399,6 +440,7 @@ class CostCurve:
 
     def to_dict(self) -> dict[str, Any]:
         return {"alpha": self.alpha, "level": self.level, "noise_var": self.noise_var,
+                "level_var": self.level_var, "level_groups": self.level_groups,
                 "bins": {str(b): {str(p): v for p, v in cell.items()} for b, cell in self.bins.items()}}
 
     @classmethod
@@ -406,6 +448,7 @@ class CostCurve:
         if not data:
             return cls()
         return cls(alpha=float(data.get("alpha", 0.3)), level=float(data.get("level", 1.0)),
-                   noise_var=float(data.get("noise_var", 0.0)),
+                   noise_var=float(data.get("noise_var", 0.0)), level_var=float(data.get("level_var", 0.0)),
+                   level_groups=int(data.get("level_groups", 0)),
                    bins={int(b): {int(p): [float(v[0]), float(v[1]), int(v[2])] for p, v in cell.items()}
                          for b, cell in data.get("bins", {}).items()})
