@@ -416,8 +416,11 @@ def _configure_sqlite(engine: Engine) -> None:
     def _on_connect(dbapi_conn, _record) -> None:
         dbapi_conn.isolation_level = None
         cursor = dbapi_conn.cursor()
-        cursor.execute("PRAGMA journal_mode=WAL")
+        # The timeout first: switching a new file to WAL takes its lock, and waits only as long
+        # as the timeout set by then (Python's 5 s), while another process may hold it for a
+        # whole migration ("database is locked" when four processes opened a new store at once)
         cursor.execute("PRAGMA busy_timeout=60000")
+        cursor.execute("PRAGMA journal_mode=WAL")
         cursor.execute("PRAGMA synchronous=NORMAL")
         cursor.close()
 
