@@ -36,7 +36,7 @@ LEVEL_ALPHA = 0.15
 #: (a capacity cut or its end), followed at once: bins first measured while the level lagged
 #: would keep the shift as their own shape (capacity_cut-cliff-47).
 SHIFT_SIGMAS = 4.0
-#: The spread of a group's mean error assumed at least (log sd).
+#: The spread of one epoch's error against the curve assumed at least (log sd).
 SHIFT_FLOOR = 0.1
 #: Groups whose mean errors are measured before a shift is told from their spread.
 SHIFT_GROUPS = 5
@@ -70,7 +70,7 @@ class CostCurve:
     bins: dict[int, dict[int, list[float]]] = field(default_factory=dict)
     level: float = 1.0  # the bins' costs are relative to it (see ``add``)
     noise_var: float = 0.0  # EWMA of an epoch's squared log error against the curve (its measured noise)
-    level_var: float = 0.0  # EWMA of a group's squared mean log error (how far groups miss by noise)
+    level_var: float = 0.0  # EWMA of a group's squared mean log error, per epoch (how far groups miss by noise)
     level_groups: int = 0  # groups in level_var
     _cache: tuple[int, tuple[np.ndarray, np.ndarray]] | None = field(default=None, repr=False, compare=False)
     _version: int = field(default=0, repr=False, compare=False)
