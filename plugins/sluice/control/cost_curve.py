@@ -370,7 +370,7 @@ class CostCurve:
         """The partition count that measured the lowest cost per record in the bin nearest ``records``."""
         if not self.bins or records < 1:
             return None
-        b = math.floor(math.log(records) / math.log(BIN_RATIO))
+        b = self._bin_of(records)
         near = min(self.bins, key=lambda o: (abs(o - b), -o))
         best = min(self.bins[near].items(), key=lambda kv: kv[1][1])[0]
         return best or None
