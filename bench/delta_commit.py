@@ -86,7 +86,8 @@ def measure(work: Path, reps: int, long_logs: bool = True) -> dict[str, Any]:
         timed("plain_append_cold_s", append, plain)
         clear_cache()
         timed("txn_append_cold_s", append, txn, 2)
-        # A warm Connect server's next group: the log cache (and the snapshot's state) is kept.
+        # A warm server's next group: Delta's log cache is kept, but the snapshot the last commit
+        # made has no state computed yet.
         timed("plain_append_warm_s", append, plain)
         timed("txn_append_warm_s", append, txn, 3)
         # A group's two tables (the sink and `_rejected`), both later commits on a new driver:
