@@ -94,7 +94,7 @@ def segment_convergence(run: Run, trace: Trace, band: float = 0.15) -> list[int 
     for 3 groups in a row; ``None`` if never (as DyBBS Fig. 8 reads convergence off the interval)."""
     out: list[int | None] = []
     fires = np.array([g["t_fire"] for g in run.groups])
-    span = np.array([g["epoch_size"] * g["k"] for g in run.groups], float)
+    span = np.array([g["end"] - g["start"] for g in run.groups], float)
     for start, end, _ in trace.segments:
         seg = span[(fires >= start) & (fires < end)]
         if len(seg) < 4:
@@ -196,7 +196,7 @@ def run_one(args: tuple[str, int]) -> dict[str, Any]:
         if m == "fixbi":
             out["methods"][m]["config"] = {"epoch_files": fix_cfg[0], "k": fix_cfg[1], "partitions": fix_cfg[2]}
     if seed == 0:
-        out["series"] = {m: [(g["t_fire"], g["mean_latency"], g["backlog_files"], g["epoch_size"] * g["k"])
+        out["series"] = {m: [(g["t_fire"], g["mean_latency"], g["backlog_files"], g["end"] - g["start"])
                              for g in run.groups] for m, run in runs.items()}
     return out
 

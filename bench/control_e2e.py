@@ -171,6 +171,7 @@ def run_groups(spec: Any, store: Any, source: Any, lander: threading.Thread, sta
         t0 = time.time()
         proc = subprocess.run([sys.executable, str(RUN_GROUP_APP), "--pipeline", spec.name, "--plan",
                                "--epoch-size", str(plan["epoch_size"]), "-k", str(plan["k"]),
+                               *(["--first-size", str(plan["first_size"])] if plan.get("first_size") else []),
                                "--plan-extra", json.dumps(plan)], capture_output=True, text=True, env=env)
         if proc.returncode != 0:
             print(proc.stderr[-3000:], file=sys.stderr)

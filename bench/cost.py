@@ -320,7 +320,9 @@ def sluice(work: Path, name: str, rate: int, window: float, tag: str = "submit",
         server_before = server.sample() if server else 0.0
         proc = subprocess.Popen([sys.executable, str(RUN_GROUP_APP), "--pipeline", spec.name,
                                  "--plan", "--store-url", store_at, "--epoch-size", str(plan["epoch_size"]),
-                                 "-k", str(plan["k"]), "--plan-extra", json.dumps(plan)],
+                                 "-k", str(plan["k"]),
+                                 *(["--first-size", str(plan["first_size"])] if plan.get("first_size") else []),
+                                 "--plan-extra", json.dumps(plan)],
                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                                 env={**os.environ, "SLUICE_SPARK_MASTER": f"local[{CORES}]", **(env or {})})
         meter = CpuMeter(proc.pid)

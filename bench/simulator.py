@@ -439,7 +439,7 @@ class Simulator:
             t_eff = min((nxt + d.group_files) / f, self.n_files / f)
             backlog = self.arrived(t_fire) - nxt
             forced = backlog < d.group_files and t_eff > t_fire
-            ranges = plan_ranges(nxt, nxt + backlog, d.epoch_size, d.k)
+            ranges = plan_ranges(nxt, nxt + backlog, d.epoch_size, d.k, first_size=d.first_size or None)
             cap = self.trace.capacity(t_fire)
             n = np.array([self.R[r.end] - self.R[r.start] for r in ranges], float)
             epoch_s = wl.epoch_s(n, d.partitions, cap) * rng.lognormal(0, wl.noise, len(ranges))
@@ -452,6 +452,7 @@ class Simulator:
             busy += wall
             out.groups.append({
                 "t_fire": t_fire, "publish": publish, "start": s, "end": e, "epoch_size": d.epoch_size,
+                "first_size": d.first_size, "epochs": [(r.start, r.end) for r in ranges],
                 "k": len(ranges), "partitions": d.partitions, "wall": wall, "coordination": coord,
                 "backlog_files": backlog, "reason": "freshness" if forced else d.reason,
                 "mean_latency": (publish * recs - float(self.RA[e] - self.RA[s])) / recs if recs else 0.0,

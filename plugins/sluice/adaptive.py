@@ -92,6 +92,7 @@ class Verdict:
     def plan(self) -> dict[str, Any]:
         """What the sensor hands to the run."""
         return {"epoch_size": self.decision.epoch_size, "k": self.decision.k,
+                **({"first_size": self.decision.first_size} if self.decision.first_size else {}),
                 "partitions": self.decision.partitions, "reason": f"{self.fire or 'waiting'}: {self.decision.reason}",
                 "predicted_wall_s": round(self.decision.predicted_wall_s, 3),
                 "rate_rps": round(self.rate_rps, 3), "file_rate": round(self.file_rate, 5),

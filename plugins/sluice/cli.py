@@ -93,7 +93,8 @@ def run_group(args: argparse.Namespace) -> Any:
     run = PipelineRun(spec, store, args.owner or cli_owner(), runtime)
     try:
         if args.plan:
-            return run.run_once(epoch_size=args.epoch_size, k=args.k, drain=args.drain, extra=args.plan_extra)
+            return run.run_once(epoch_size=args.epoch_size, k=args.k, drain=args.drain, extra=args.plan_extra,
+                                first_size=args.first_size)
         group_id = None if args.group in ("None", "") else int(args.group)
         return run.process(group_id)
     finally:
@@ -289,6 +290,8 @@ def _parser() -> argparse.ArgumentParser:
     sub.add_argument("--drain", action="store_true", help="with --plan: repeat until the backlog is empty")
     sub.add_argument("--epoch-size", type=int)
     sub.add_argument("-k", type=int)
+    sub.add_argument("--first-size", type=int, help="with --plan: the first epoch's files (the controllers' probe "
+                                                     "of one larger epoch; the others hold --epoch-size)")
     sub.add_argument("--plan-extra", type=json.loads, default=None,
                      help="with --plan: JSON recorded in the group's plan (the controllers' decision)")
     sub.add_argument("--verbose", action="store_true", help=VERBOSE_HELP)

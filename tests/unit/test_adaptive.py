@@ -154,6 +154,29 @@ def test_why_a_group_started_is_recorded_with_it(log):
     assert started["explanation"] == "the backlog (15 files) filled the planned group (15 files)"
 
 
+def test_a_probe_epoch_travels_from_the_verdict_to_the_epochs_ranges(log):
+    """The controllers' one probe epoch (``Decision.first_size``) reaches the store through the
+    sensor's XCom: the group's first epoch holds the probe, the others the measured size, the
+    plan records it; a run's own ``epoch_size`` or ``k`` holds for every epoch (no probe)."""
+    from sluice.control import Decision
+    from sluice.protocol.run import SensedPlan
+
+    spec = make_pipeline("adaptive_probe", **{"control.freshness_sla_s": 600})
+    decision = Decision(4, 3, 2, "catch-up; one probe epoch of 10 files, then 2 of 4", 60.0, first_size=10)
+    assert decision.group_files == 18 and decision.epoch_files() == (10, 4, 4)
+    started = adaptive.StartReason("efficient group", "latency", 30, decision.group_files, 5.0, 60.0, 600.0)
+    verdict = adaptive.Verdict(decision, "efficient group", 100.0, 1.0, started)
+    sensed = SensedPlan.fired(json.loads(json.dumps(verdict.plan())), None, {})
+    assert sensed.first_size == 10
+    log.register_files(spec.name, [(f"/l/f{i}.json", 10, 100.0 + i) for i in range(30)])
+    group = plan_group(log, acquire_lease(log, spec.name, "run"), epoch_size=sensed.epoch_size, k=sensed.k,
+                       plan={**sensed.measured(), "reason": sensed.reason}, first_size=sensed.first_size)
+    ranges = [(e.start, e.end) for e in log.epochs(spec.name) if e.group_id == group.group_id]
+    assert [end - start for start, end in ranges] == [10, 4, 4], ranges  # 18 of the 30 files, in order
+    assert log.group_plans(spec.name)[group.group_id]["first_size"] == 10
+    assert SensedPlan.fired(verdict.plan(), None, {"k": 5}).first_size is None
+
+
 def test_a_burst_that_ended_drains_without_waiting_for_the_sla(log):
     spec = make_pipeline("adaptive_burst", **{"control.adaptive": True, "control.freshness_sla_s": 120,
                                               "control.poll_interval_s": 5})

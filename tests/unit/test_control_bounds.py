@@ -83,9 +83,10 @@ def run_group(gid: int, d: Decision, rate: float, *, per_file: float | None = No
     """What the planned group measures when it runs on the test's own model (``slow`` times
     slower: a miss); ``per_file`` records in a file (default: ``rate``, a file a second)."""
     per_file = rate if per_file is None else per_file
-    times = tuple(slow * true_epoch_s(kind, d.epoch_size * per_file, d.partitions, scale, cliff) for _ in range(d.k))
-    return GroupResult(gid, (d.epoch_size,) * d.k, times, fixed, d.partitions, rate, 1.0, d.reason,
-                       epoch_records=(int(d.epoch_size * per_file),) * d.k, predicted_wall_s=d.predicted_wall_s)
+    times = tuple(slow * true_epoch_s(kind, x * per_file, d.partitions, scale, cliff) for x in d.epoch_files())
+    return GroupResult(gid, d.epoch_files(), times, fixed, d.partitions, rate, 1.0, d.reason,
+                       epoch_records=tuple(int(x * per_file) for x in d.epoch_files()),
+                       predicted_wall_s=d.predicted_wall_s)
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -100,7 +101,18 @@ def test_bounds_hold_on_any_input(run):
         # never beyond the size limit (the steep part, or twice the largest epoch measured)
         limit = ep.size_limit_records()
         if obs.rate_rps > 0 and math.isfinite(limit):
-            assert d.epoch_size <= max(1, math.floor(limit / obs.rate_rps)), (d, limit)
+            assert max(d.epoch_files()) <= max(1, math.floor(limit / obs.rate_rps)), (d, limit)
+        # at most one epoch of a group larger than any measured, once the backlog holds two of it
+        # (the epochs a backlog of that size fills, in plan order, as plan_ranges cuts them)
+        if obs.rate_rps > 0 and len(ep.curve) and obs.backlog_files >= 2 * max(d.epoch_files()):
+            filled, left = [], obs.backlog_files
+            for x in d.epoch_files():
+                if left <= 0:
+                    break
+                filled.append(min(x, left))
+                left -= x
+            beyond = [x for x in filled if x * obs.rate_rps > ep.curve.largest() * 1.0001]
+            assert len(beyond) <= 1 or d.epoch_size == 1, (d, ep.curve.largest())
         # every group's predicted wall within the SLA, unless a single one-file epoch cannot be
         if not (d.k == 1 and d.epoch_size == 1):
             assert d.predicted_wall_s <= SLA + 1e-6, d
@@ -185,8 +197,8 @@ def test_a_join_under_spikes_never_runs_into_the_steep_part():
     worst = 0.0
     for g in run.groups:
         size, best = optimum[g["partitions"]]
-        for start in range(g["start"], g["end"], g["epoch_size"]):
-            records = float(sim.R[min(start + g["epoch_size"], g["end"])] - sim.R[start])
+        for start, end in g["epochs"]:
+            records = float(sim.R[end] - sim.R[start])
             if records > size:
                 worst = max(worst, float(m.workload.epoch_s(records, g["partitions"])) / records / best)
     assert worst <= 2.5, worst
@@ -329,9 +341,10 @@ def test_partitions_are_never_explored_below_the_configured_count():
         backlog = max(1, sum(last.epoch_files) if last else 1)
         d = plan_next(state, Observation(rate, 1.0, backlog, last, freshness_sla_s=300))
         seen.add(d.partitions)
-        times = tuple(epoch_s(d.epoch_size * rate, d.partitions) for _ in range(d.k))
-        last = GroupResult(gid, (d.epoch_size,) * d.k, times, 10.0, d.partitions, rate, 1.0, d.reason,
-                           epoch_records=(int(d.epoch_size * rate),) * d.k, predicted_wall_s=d.predicted_wall_s)
+        times = tuple(epoch_s(x * rate, d.partitions) for x in d.epoch_files())
+        last = GroupResult(gid, d.epoch_files(), times, 10.0, d.partitions, rate, 1.0, d.reason,
+                           epoch_records=tuple(int(x * rate) for x in d.epoch_files()),
+                           predicted_wall_s=d.predicted_wall_s)
     assert min(seen) >= EpochSizeConfig().initial_partitions, seen
     assert len(seen) > 1, seen  # the hill climb still explores, upwards
 
@@ -414,8 +427,8 @@ def test_a_noisy_curve_in_overload_ranks_the_sizes_measured_by_its_affine_fit(mo
         # 3,000 records/s against a capacity under 2,000: overload, 400 files of 1,000 waiting
         d = plan_next(state, Observation(3000.0, 3.0, 400, None, freshness_sla_s=600.0))
         assert d.reason.startswith("overload"), d
-        x = d.epoch_size * 1000.0
-        return d.k * x / (state.epoch.fixed_cost(None) + d.k * true_s(x))
+        xs = np.array(d.epoch_files()) * 1000.0
+        return float(xs.sum() / (state.epoch.fixed_cost(None) + sum(true_s(x) for x in xs)))
 
     for seed in range(40):
         assert _noisy_curves(seed)[1].affine_within_noise() is None, seed

@@ -76,6 +76,13 @@ def test_plan_ranges_rejects_invalid_size_or_k(epoch_size, k):
         plan_ranges(0, 10, epoch_size, k)
 
 
+def test_plan_ranges_probe_epoch_first_then_the_epoch_size():
+    assert spans(plan_ranges(0, 100, 5, 3, first_size=20)) == [(0, 20), (20, 25), (25, 30)]
+    assert spans(plan_ranges(0, 12, 5, 3, first_size=20)) == [(0, 12)]
+    with pytest.raises(ProtocolError, match=">= 1"):
+        plan_ranges(0, 10, 4, 2, first_size=0)
+
+
 def test_plan_ranges_rejects_invalid_args_even_without_backlog():
     with pytest.raises(ProtocolError):
         plan_ranges(10, 10, 0, 1)
@@ -93,9 +100,11 @@ def test_plan_ranges_invariants_random():
         available_end = next_offset + rng.choice([0, 0, 1, 2, rng.randint(0, 400)]) - rng.choice([0, 0, 0, 3])
         epoch_size = rng.choice([1, 2, 3, rng.randint(1, 64), rng.randint(1, 1000)])
         k = rng.choice([1, 2, rng.randint(1, 50)])
+        first = rng.choice([None, None, 1, rng.randint(1, 2000)])  # the controllers' probe epoch
         args = (next_offset, available_end, epoch_size, k)
-        ranges = plan_ranges(*args)
+        ranges = plan_ranges(*args, first_size=first)
         backlog = max(0, available_end - next_offset)
+        sizes = [first or epoch_size] + [epoch_size] * (k - 1)  # the oracle: the planned sizes, in order
 
         assert len(ranges) <= k, args
         assert len(ranges) <= backlog, args  # k never exceeds the backlog
@@ -107,10 +116,10 @@ def test_plan_ranges_invariants_random():
         for a, b in itertools.pairwise(ranges):
             assert a.end == b.start, args  # contiguous
         assert all(r.end <= available_end for r in ranges), args  # nothing beyond what is available
-        assert all(r.size == epoch_size for r in ranges[:-1]), args  # only the last may be partial
-        assert 1 <= ranges[-1].size <= epoch_size, args
+        assert [r.size for r in ranges[:-1]] == sizes[:len(ranges) - 1], (args, first)  # only the last may be partial
+        assert 1 <= ranges[-1].size <= sizes[len(ranges) - 1], (args, first)
         covered = ranges[-1].end - next_offset
-        assert covered == min(backlog, k * epoch_size), args  # greedy: plans as much as allowed
+        assert covered == min(backlog, sum(sizes)), (args, first)  # greedy: plans as much as allowed
         # The plan is a valid, dense epoch log by itself.
         check_contiguous(((i, r.start, r.end) for i, r in enumerate(ranges)), first_offset=next_offset)
 

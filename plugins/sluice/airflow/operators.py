@@ -220,6 +220,7 @@ class PlanGroupOperator(_SluiceOperator):
                 try:
                     group = PipelineRun(spec, store, lease_owner(dag_id, run_id)).plan(
                         epoch_size=params.get("epoch_size") or sensed.epoch_size, k=params.get("k") or sensed.k,
+                        first_size=sensed.first_size,  # None where the run's params set the sizes (fired)
                         reason=sensed.reason, take_over_prefix=take_over, recover=self.recover, interval=interval,
                         resume_own=True, extra=sensed.measured(), alive=alive,
                         withdraw_rollback=self.recover and bool(params.get("withdraw_rollback")))

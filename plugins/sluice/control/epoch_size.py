@@ -138,11 +138,15 @@ class EpochSizeConfig:
 
 @dataclass(frozen=True)
 class EpochPlan:
+    """``k`` epochs of ``epoch_size`` files, the first of ``first_size`` when given (a probe
+    of one epoch at a size not measured yet, the rest of the group at a measured one)."""
+
     epoch_size: int
     k: int
     partitions: int
     reason: str
     predicted_wall_s: float
+    first_size: int = 0
 
 
 @dataclass(frozen=True)
@@ -574,6 +578,34 @@ class EpochSizeController:
             return plan
         return EpochPlan(x, k, plan.partitions, f"{plan.reason}; {'; '.join(notes)}", cu.fixed + k * per_epoch)
 
+    def _one_probe(self, plan: EpochPlan, cu: CatchUp) -> EpochPlan:
+        """At most one epoch of a group at a size larger than any measured, once the backlog
+        holds two of it: the probe is the group's first epoch, the files behind it go in epochs
+        of the measured size that drains them fastest. A rising rate opens a new rate bin whose
+        slow start begins at the linear model's stable size; near capacity that is far beyond
+        anything measured, and k epochs of it made a group a 200-300 s probe into a join or past
+        a memory cliff (ramp-join-74: 1.51 x FixBI, 1.17 with one probe epoch). A backlog of
+        less than two probes keeps the plan: its group waits for files, and the probe sizes it."""
+        x = plan.epoch_size
+        if (plan.k < 2 or plan.first_size or not len(self.curve) or cu.backlog_files < 2 * x
+                or x * cu.per_file <= self.curve.largest() * 1.0001):
+            return plan
+        n, _ = self.curve.curve()
+        ys = np.unique(np.clip(np.floor(n / max(cu.per_file, 1e-9)), 1, None))
+        ys = ys[(ys < x) & (ys <= cu.x_bound)]
+        if not len(ys):
+            return plan
+        probe_s = max(0.0, (plan.predicted_wall_s - cu.fixed) / plan.k)
+        per_epoch = self.curve.seconds(ys * cu.per_file)
+        behind = CatchUp(cu.per_file, cu.rate_per_file, cu.fixed + probe_s, max(1, cu.k_max - 1), cu.wall_cap,
+                         min(cu.backlog_files, x * plan.k) - x, cu.x_bound, cu.partitions)
+        ks, throughput = _drain_throughput(ys, per_epoch, behind)
+        i = int(np.argmax(throughput))
+        y, k = int(ys[i]), int(ks[i])
+        return EpochPlan(y, 1 + k, plan.partitions,
+                         f"{plan.reason}; one probe epoch of {x} files, then {k} of {y} (a size measured)",
+                         cu.fixed + probe_s + k * float(per_epoch[i]), x)
+
     def _fallback_plan(self, cu: CatchUp) -> EpochPlan:
         """After a bad miss: the last size that was stable (in records, at today's records per
         file), else the most efficient size measured; the backlog in more epochs of it."""
@@ -610,14 +642,14 @@ class EpochSizeController:
         if drain:
             plan = EpochPlan(plan.epoch_size, plan.k, plan.partitions, f"{drain}; {plan.reason}",
                              plan.predicted_wall_s)
-        plan = self._guard(plan, cu)
-        fit = self.epochs_in_memory(plan.epoch_size, self.max_files(rate_rps, file_rate))
+        plan = self._one_probe(self._guard(plan, cu), cu)
+        fit = self.epochs_in_memory(max(plan.epoch_size, plan.first_size), self.max_files(rate_rps, file_rate))
         if plan.k <= fit:
             return plan
         per_epoch = (plan.predicted_wall_s - self.fixed_cost(coordination_s)) / plan.k
         return EpochPlan(plan.epoch_size, fit, plan.partitions,
                          f"{plan.reason}; k {plan.k} -> {fit}: the group's reads fit the measured memory",
-                         self.fixed_cost(coordination_s) + fit * per_epoch)
+                         self.fixed_cost(coordination_s) + fit * per_epoch, plan.first_size)
 
     def _backlog_rate(self, file_rate: float, backlog_files: int,
                       backlog_records: float | None) -> tuple[float, float, str]:

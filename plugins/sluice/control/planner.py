@@ -83,11 +83,18 @@ class Decision:
     partitions: int
     reason: str
     predicted_wall_s: float = 0.0
+    first_size: int = 0  # the first epoch's files when it differs (a probe of one epoch); 0: epoch_size
 
     @property
     def group_files(self) -> int:
         """The backlog (files) that makes this group whole: the sensor's efficient-group threshold."""
+        if self.first_size:
+            return self.first_size + self.epoch_size * (self.k - 1)
         return self.epoch_size * self.k
+
+    def epoch_files(self) -> tuple[int, ...]:
+        """The planned epochs' files, in order (a backlog smaller than the group ends it sooner)."""
+        return (self.first_size or self.epoch_size,) + (self.epoch_size,) * (self.k - 1)
 
     def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "group_files": self.group_files}
@@ -146,7 +153,7 @@ def plan_next(state: ControlState, observation: Observation) -> Decision:
     plan = state.epoch.propose(observation.rate_rps, observation.file_rate, state.group.coordination_s,
                                state.group.k, observation.backlog_files, k_max=state.group.config.k_max,
                                max_wall_s=observation.freshness_sla_s, backlog_records=observation.backlog_records)
-    return Decision(plan.epoch_size, plan.k, plan.partitions, plan.reason, plan.predicted_wall_s)
+    return Decision(plan.epoch_size, plan.k, plan.partitions, plan.reason, plan.predicted_wall_s, plan.first_size)
 
 
 def fire_reason(decision: Decision, backlog_files: int, oldest_age_s: float, freshness_sla_s: float) -> str | None:

@@ -16,7 +16,8 @@ from sluice.store import EpochStore
 
 def plan_group(store: EpochStore, lease: Lease, *, epoch_size: int, k: int, plan: dict[str, Any] | None = None,
                only_leftovers: bool = False, through_epoch: int | None = None, until_offset: int | None = None,
-               fresh_attempts: bool = False, max_bytes: int | None = None) -> Group | None:
+               fresh_attempts: bool = False, max_bytes: int | None = None,
+               first_size: int | None = None) -> Group | None:
     """Reconcile, then plan (write-ahead) the next group of the pipeline.
 
     Epochs a dead run left ``planned``, ``failed`` or ``committed`` (unpublished) form the group
@@ -27,7 +28,8 @@ def plan_group(store: EpochStore, lease: Lease, *, epoch_size: int, k: int, plan
     ``until_offset`` plans new epochs only below that offset (a backfill run's data);
     ``fresh_attempts`` resets the leftovers' failure and crash counts and a failed epoch's
     validation results (an operator's recovery);
-    ``max_bytes`` bounds each new epoch in bytes too (files skipped on purpose count 0).
+    ``max_bytes`` bounds each new epoch in bytes too (files skipped on purpose count 0);
+    ``first_size`` makes the first new epoch that many offsets (a probe of one larger epoch).
     """
     with store.transaction(lease.pipeline, step="plan_group") as tx:
         state = tx.check_lease(lease)
@@ -43,7 +45,7 @@ def plan_group(store: EpochStore, lease: Lease, *, epoch_size: int, k: int, plan
         if through_epoch is not None:
             leftover = [e for e in leftover if e.epoch_id <= through_epoch]
         group_id = tx.next_group_id()
-        record = dict(plan or {}, epoch_size=epoch_size, k=k)
+        record = dict(plan or {}, epoch_size=epoch_size, k=k, **({"first_size": first_size} if first_size else {}))
         now = tx.now()
         if leftover:
             # Re-run the dead run's epochs with their recorded ranges, as a new group.
@@ -68,7 +70,7 @@ def plan_group(store: EpochStore, lease: Lease, *, epoch_size: int, k: int, plan
         end = tx.manifest_end()
         end = end if until_offset is None else min(end, until_offset)
         sizes = tx.sizes(start, end) if max_bytes is not None else None
-        ranges = rules.plan_ranges(start, end, epoch_size, k, sizes, max_bytes)
+        ranges = rules.plan_ranges(start, end, epoch_size, k, sizes, max_bytes, first_size)
         if not ranges:
             return None
         next_id = max((e.epoch_id for e in tx.epochs(gen, last=1)), default=-1) + 1

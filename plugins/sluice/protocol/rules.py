@@ -62,7 +62,8 @@ def check_transition(epoch_id: int, current: str, new: str) -> None:
 
 
 def plan_ranges(next_offset: int, available_end: int, epoch_size: int, k: int,
-                sizes: Sequence[int] | None = None, max_bytes: int | None = None) -> list[Range]:
+                sizes: Sequence[int] | None = None, max_bytes: int | None = None,
+                first_size: int | None = None) -> list[Range]:
     """Split the backlog ``[next_offset, available_end)`` into at most ``k`` epochs.
 
     Every epoch holds ``epoch_size`` offsets except possibly the last, and the ranges are
@@ -72,16 +73,19 @@ def plan_ranges(next_offset: int, available_end: int, epoch_size: int, k: int,
     With ``max_bytes`` an epoch is bounded in bytes too: it ends before the offset that would
     take it past ``max_bytes`` (``sizes[i]`` is the size of offset ``next_offset + i``), and
     still holds at least one offset, so a file larger than the bound is an epoch of its own.
+
+    With ``first_size`` the first epoch holds that many offsets instead (the controllers' probe
+    of one epoch at a size not measured yet).
     """
-    if epoch_size < 1 or k < 1:
-        raise ProtocolError(f"epoch size and k must be >= 1 (got {epoch_size}, {k})")
+    if epoch_size < 1 or k < 1 or (first_size is not None and first_size < 1):
+        raise ProtocolError(f"epoch size, first size and k must be >= 1 (got {epoch_size}, {first_size}, {k})")
     if max_bytes is not None and (max_bytes < 1 or sizes is None or len(sizes) < available_end - next_offset):
         raise ProtocolError(f"a bound of {max_bytes} bytes needs a size for each of the {available_end - next_offset}"
                             f" offsets (got {None if sizes is None else len(sizes)})")
     ranges: list[Range] = []
     start = next_offset
     while start < available_end and len(ranges) < k:
-        end = min(start + epoch_size, available_end)
+        end = min(start + (first_size if first_size and not ranges else epoch_size), available_end)
         if max_bytes is not None and sizes is not None:
             total = 0
             for offset in range(start, end):

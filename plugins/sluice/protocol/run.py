@@ -75,6 +75,7 @@ class SensedPlan:
     rate_rps: float | None = None
     file_rate: float | None = None
     started: dict[str, Any] | None = None  # ``adaptive.StartReason.as_record()``: why the group started now
+    first_size: int | None = None  # the first epoch's files when the controllers probe one larger epoch
 
     @classmethod
     def fired(cls, verdict_plan: dict[str, Any], backlog: dict[str, Any] | None, params: dict[str, Any]) -> SensedPlan:
@@ -82,8 +83,8 @@ class SensedPlan:
         epoch size or k."""
         sensed = cls.from_xcom(dict(verdict_plan, backlog=backlog, fired_at=time.time()))
         for key in ("epoch_size", "k"):
-            if params.get(key):
-                sensed = replace(sensed, **{key: params[key]},
+            if params.get(key):  # the operator's sizes hold for every epoch: no probe epoch
+                sensed = replace(sensed, **{key: params[key]}, first_size=None,
                                  reason=f"{sensed.reason} ({key} {params[key]} from the run's params)")
         return sensed
 
@@ -184,7 +185,7 @@ class PipelineRun:
              take_over_prefix: str | None = None, recover: bool = False,
              interval: tuple[float, float] | None = None, resume_own: bool = False,
              extra: dict[str, Any] | None = None, alive: Callable[[str], bool] | None = None,
-             withdraw_rollback: bool = False) -> GroupPlan | None:
+             withdraw_rollback: bool = False, first_size: int | None = None) -> GroupPlan | None:
         """Take the lease, discover new data, and plan the next group (or re-plan a dead run's).
 
         Returns the group's plan, or ``None`` (lease released) when there is nothing to process.
@@ -194,7 +195,8 @@ class PipelineRun:
         rollback whose restores never started); ``interval`` (a backfill run's data interval,
         epoch seconds) recomputes the epochs whose data arrived in it: the first run of a
         backfill records a rollback that ``process`` performs. ``alive(owner)`` tells whether
-        the run holding the lease under ``take_over_prefix`` is still going.
+        the run holding the lease under ``take_over_prefix`` is still going. ``first_size``: the
+        first new epoch's offsets when they differ from ``epoch_size`` (the controllers' probe).
         """
         spec, store = self.spec, self.store
         context = planning.context(store, spec, self.owner if resume_own else None)
@@ -225,7 +227,7 @@ class PipelineRun:
                 group = planning.plan_group(store, lease, epoch_size=epoch_size or spec.control.epoch_files,
                                             k=k or spec.control.group_epochs, plan={**(extra or {}), "reason": reason},
                                             only_leftovers=recover, fresh_attempts=recover,
-                                            max_bytes=spec.epoch_size_bound)
+                                            max_bytes=spec.epoch_size_bound, first_size=first_size)
                 planned = GroupPlan.of(group) if group else None
         except BaseException:
             store.release_lease(lease)
@@ -428,15 +430,17 @@ class PipelineRun:
     # -- the whole chain, for the command line and run-once jobs ----------------------------------
 
     def run_once(self, *, epoch_size: int | None = None, k: int | None = None, drain: bool = False,
-                 extra: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+                 extra: dict[str, Any] | None = None, first_size: int | None = None) -> list[dict[str, Any]]:
         """Plan, process, validate and publish groups until there is nothing left (``drain``) or
         once. The runtime's Spark starts only once a group is planned: a run that finds the
         pipeline busy or idle fails or returns before paying for a JVM."""
         done = []
         while True:
-            planned = self.plan(epoch_size=epoch_size, k=k, extra=extra, reason=(extra or {}).get("reason", "backlog"))
+            planned = self.plan(epoch_size=epoch_size, k=k, extra=extra, reason=(extra or {}).get("reason", "backlog"),
+                                first_size=first_size)
             if planned is None:
                 break
+            first_size = None  # a drain's later groups: the probe was measured
             try:
                 self.process(planned.group_id)
                 self.validate()
@@ -451,9 +455,10 @@ class PipelineRun:
 
 def run_once(spec: PipelineSpec, store: EpochStore, spark: SparkSession | Callable[[], SparkSession] | Runtime, *,
              owner: str | None = None, epoch_size: int | None = None, k: int | None = None,
-             drain: bool = False, extra: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+             drain: bool = False, extra: dict[str, Any] | None = None,
+             first_size: int | None = None) -> list[dict[str, Any]]:
     """``PipelineRun.run_once`` with a Spark runtime (``spark``: a session, a factory of one, or
     a ``Runtime``)."""
     runtime = spark if isinstance(spark, Runtime) else Runtime.spark(spark)
     return PipelineRun(spec, store, owner or cli_owner(), runtime).run_once(epoch_size=epoch_size, k=k, drain=drain,
-                                                                           extra=extra)
+                                                                           extra=extra, first_size=first_size)

@@ -81,8 +81,10 @@ def _group_steps(world: World, actor: Actor, owner: str, planned: GroupPlan | No
 
 
 def dag_run(world: World, run_id: str, *, interval: tuple[float, float] | None = None,
-            cleared: bool = False, k: int | None = None, epoch_size: int | None = None) -> Actor:
-    """A run of the pipeline's DAG (scheduled, a backfill's, or a past run cleared in the UI)."""
+            cleared: bool = False, k: int | None = None, epoch_size: int | None = None,
+            first_size: int | None = None) -> Actor:
+    """A run of the pipeline's DAG (scheduled, a backfill's, or a past run cleared in the UI);
+    ``first_size``: the controllers' probe, a first epoch of another size than the rest."""
     owner = str(LeaseOwner.dag_run(PIPELINE, run_id))
 
     def program(actor: Actor) -> str:
@@ -91,7 +93,7 @@ def dag_run(world: World, run_id: str, *, interval: tuple[float, float] | None =
             planned = task(world, actor, lambda: _plan_with_wait(
                 PipelineRun(world.spec, world.store(), owner, world.runtime), world,
                 take_over_prefix=LeaseOwner.runs_of(PIPELINE), resume_own=True, alive=world.alive,
-                interval=interval, k=k, epoch_size=epoch_size), retries=1)
+                interval=interval, k=k, epoch_size=epoch_size, first_size=first_size), retries=1)
             del run
             if planned is None:
                 return "skipped"

@@ -134,7 +134,9 @@ def _chaos(world: World, template: Path) -> None:
         pipeline_runs = [a for o, a in world.dag_runs.items() if o.startswith(f"airflow:{PIPELINE}:scheduled")]
         if not any(not a.finished for a in pipeline_runs) and rng.random() < 0.5:
             runs += 1
-            actors.dag_run(world, f"scheduled__{runs}")
+            # a third of the runs plan as the controllers' probe: one first epoch of another size
+            probe = rng.randint(1, 6) if rng.random() < 1 / 3 else None
+            actors.dag_run(world, f"scheduled__{runs}", first_size=probe)
         operation = planned.get(n)
         runs += 1
         if operation == "backfill":
