@@ -88,9 +88,7 @@ class Decision:
     @property
     def group_files(self) -> int:
         """The backlog (files) that makes this group whole: the sensor's efficient-group threshold."""
-        if self.first_size:
-            return self.first_size + self.epoch_size * (self.k - 1)
-        return self.epoch_size * self.k
+        return sum(self.epoch_files())
 
     def epoch_files(self) -> tuple[int, ...]:
         """The planned epochs' files, in order (a backlog smaller than the group ends it sooner)."""
