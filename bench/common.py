@@ -36,6 +36,33 @@ def configure(name: str) -> Path:
     return work
 
 
+def run_group_args(pipeline: str, store_url: str | None = None, *, epoch_size: int | None = None,
+                   k: int | None = None, plan: dict[str, Any] | None = None) -> list[str]:
+    """``sluice run-group``'s arguments for a group the application plans itself (``--plan``), as
+    the benchmarks run each group: the pipeline, the epoch store, the sizes. With ``plan`` (a
+    ``Verdict.plan()``), the sizes are the plan's (``--first-size`` for its probe epoch) and the
+    plan is recorded beside the group (``--plan-extra``).
+
+    >>> run_group_args("ysb", epoch_size=4, k=2)
+    ['--pipeline', 'ysb', '--plan', '--epoch-size', '4', '-k', '2']
+    """
+    first_size = None
+    if plan is not None:
+        epoch_size, k, first_size = plan["epoch_size"], plan["k"], plan.get("first_size")
+    args = ["--pipeline", pipeline, "--plan"]
+    if store_url is not None:
+        args += ["--store-url", store_url]
+    if epoch_size is not None:
+        args += ["--epoch-size", str(epoch_size)]
+    if k is not None:
+        args += ["-k", str(k)]
+    if first_size:  # a probe epoch first (0 or absent: none)
+        args += ["--first-size", str(first_size)]
+    if plan is not None:
+        args += ["--plan-extra", json.dumps(plan)]
+    return args
+
+
 def ysb_spec_yaml(name: str, landing: Path, table: Path, *, epoch_files: int = 4, k: int = 1,
                   validate: bool = False, mode: str = "aggregate") -> dict[str, Any]:
     """The shipped ``ysb`` pipeline with fixed sizes, in-process, reading ``landing`` and writing

@@ -40,6 +40,7 @@ from typing import Any
 import yaml
 
 from bench.common import configure as bench_configure
+from bench.common import run_group_args
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
@@ -169,10 +170,8 @@ def run_groups(spec: Any, store: Any, source: Any, lander: threading.Thread, sta
             continue
         plan = dict(verdict.plan(), fired_at=time.time())
         t0 = time.time()
-        proc = subprocess.run([sys.executable, str(RUN_GROUP_APP), "--pipeline", spec.name, "--plan",
-                               "--epoch-size", str(plan["epoch_size"]), "-k", str(plan["k"]),
-                               *(["--first-size", str(plan["first_size"])] if plan.get("first_size") else []),
-                               "--plan-extra", json.dumps(plan)], capture_output=True, text=True, env=env)
+        proc = subprocess.run([sys.executable, str(RUN_GROUP_APP), *run_group_args(spec.name, plan=plan)],
+                              capture_output=True, text=True, env=env)
         if proc.returncode != 0:
             print(proc.stderr[-3000:], file=sys.stderr)
             raise SystemExit(f"group failed (exit {proc.returncode})")

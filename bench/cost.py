@@ -60,7 +60,16 @@ from datetime import UTC
 from pathlib import Path
 from typing import Any
 
-from bench.common import ROOT, CpuMeter, configure, results_dir, write_result, write_spec, ysb_spec_yaml
+from bench.common import (
+    ROOT,
+    CpuMeter,
+    configure,
+    results_dir,
+    run_group_args,
+    write_result,
+    write_spec,
+    ysb_spec_yaml,
+)
 
 RATES = {"low": 100, "medium": 1_000, "high": 5_000}  # events per second
 SLAS = {"60s": 60, "5min": 300, "15min": 900, "1h": 3600}  # freshness SLA, seconds
@@ -318,11 +327,7 @@ def sluice(work: Path, name: str, rate: int, window: float, tag: str = "submit",
             continue
         plan = dict(verdict.plan(), fired_at=time.time())
         server_before = server.sample() if server else 0.0
-        proc = subprocess.Popen([sys.executable, str(RUN_GROUP_APP), "--pipeline", spec.name,
-                                 "--plan", "--store-url", store_at, "--epoch-size", str(plan["epoch_size"]),
-                                 "-k", str(plan["k"]),
-                                 *(["--first-size", str(plan["first_size"])] if plan.get("first_size") else []),
-                                 "--plan-extra", json.dumps(plan)],
+        proc = subprocess.Popen([sys.executable, str(RUN_GROUP_APP), *run_group_args(spec.name, store_at, plan=plan)],
                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                                 env={**os.environ, "SLUICE_SPARK_MASTER": f"local[{CORES}]", **(env or {})})
         meter = CpuMeter(proc.pid)

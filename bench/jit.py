@@ -24,7 +24,17 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.common import CpuMeter, configure, land_ysb, results_dir, stats, write_result, write_spec, ysb_spec_yaml
+from bench.common import (
+    CpuMeter,
+    configure,
+    land_ysb,
+    results_dir,
+    run_group_args,
+    stats,
+    write_result,
+    write_spec,
+    ysb_spec_yaml,
+)
 
 EVENTS_PER_FILE = 100_000
 C1 = "-XX:TieredStopAtLevel=1"
@@ -63,8 +73,8 @@ def run_group(work: Path, tag: str, landing: Path, files: int, jit: str) -> dict
     spec = write_spec(Path(os.environ["SLUICE_PIPELINES_DIR"]), raw)
     store_at = f"sqlite:///{root / 'sluice.db'}"
     started = time.monotonic()
-    proc = subprocess.Popen([sys.executable, str(RUN_GROUP_APP), "--pipeline", spec.name, "--plan",
-                             "--store-url", store_at, "--epoch-size", str(files), "-k", "1"],
+    args = run_group_args(spec.name, store_at, epoch_size=files, k=1)
+    proc = subprocess.Popen([sys.executable, str(RUN_GROUP_APP), *args],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                             env={**os.environ, "SLUICE_SPARK_MASTER": "local[2]"})
     meter = CpuMeter(proc.pid)

@@ -56,7 +56,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from bench.common import ROOT, configure, results_dir, write_result, write_spec, ysb_spec_yaml
+from bench.common import ROOT, configure, results_dir, run_group_args, write_result, write_spec, ysb_spec_yaml
 from sluice.net import get_json
 
 MB = 1_000_000
@@ -358,7 +358,7 @@ def run_size(work: Path, tag: str, landing: Path, driver_memory: str, wholetext:
     spec = write_spec(Path(os.environ["SLUICE_PIPELINES_DIR"]), raw)
     store_at = f"sqlite:///{root / 'sluice.db'}"
     gc_path = root / "gc.log"
-    group_args = ["--pipeline", spec.name, "--plan", "--store-url", store_at]
+    group_args = run_group_args(spec.name, store_at)
     app = ([str(Path(__file__).resolve()), WHOLETEXT_FLAG, *group_args] if wholetext
            else [str(RUN_GROUP_APP), *group_args])
     cmd = submit_command(spec, app, gc_path)

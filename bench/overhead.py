@@ -42,6 +42,7 @@ from bench.common import (
     configure,
     land_ysb,
     results_dir,
+    run_group_args,
     session,
     stats,
     write_result,
@@ -500,8 +501,7 @@ def connect_groups(work: Path, reps: int, profile: tuple[int, ...] = (), warm_gr
         t0 = time.monotonic()
         s0 = server.read()
         client = subprocess.Popen([sys.executable, str(ROOT / "bench" / "connect_trace.py"), str(trace_path),
-                                   "--pipeline", pipe["name"], "--plan", "--store-url", pipe["store"],
-                                   "--epoch-size", str(n_files), "-k", "1"],
+                                   *run_group_args(pipe["name"], pipe["store"], epoch_size=n_files, k=1)],
                                   stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                                   env={**os.environ, "SLUICE_SPARK_REMOTE": url, **pipe["env"]})
         meter = CpuMeter(client.pid, interval=0.1)
