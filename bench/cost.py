@@ -659,15 +659,18 @@ def savings_bounds(sweep: dict[str, Any]) -> dict[str, dict[str, float]]:
 def add_bounds(result: dict[str, Any]) -> None:
     """``savings_cpu_bound_<sla>``, ``savings_cpu_connect_bound_<sla>``, and each CPU goal's
     ``bound`` (the 8-pipeline goal's is not modelled)."""
-    for label, bound in savings_bounds(result["slas"]).items():
+    bounds = savings_bounds(result["slas"])
+    for label, bound in bounds.items():
         result[f"savings_cpu_bound_{label}"] = bound["jvm"]
         result[f"savings_cpu_connect_bound_{label}"] = bound["connect"]
     for key, goal in result.get("goals", {}).items():
-        bound_key = key.replace("savings_cpu_", "savings_cpu_bound_").replace(
-            "savings_cpu_bound_connect_", "savings_cpu_connect_bound_")
-        if key.startswith("savings_cpu_") and bound_key in result:
-            goal["bound"] = result[bound_key]
-            goal["reachable"] = result[bound_key] >= goal["goal"]
+        if not key.startswith("savings_cpu_"):
+            continue
+        rest = key.removeprefix("savings_cpu_")  # "15min", or "connect_15min"
+        side, label = ("connect", rest.removeprefix("connect_")) if rest.startswith("connect_") else ("jvm", rest)
+        if label in bounds:
+            goal["bound"] = bounds[label][side]
+            goal["reachable"] = goal["bound"] >= goal["goal"]
 
 
 def multi_pipeline(work: Path, pipelines: int, rate: int, sla_s: float, window: float,
