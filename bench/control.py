@@ -5,8 +5,9 @@ traces generated from seeds (``bench.simulator.family_member``: shapes x cost mo
 and above capacity, four hours each) against FixBI and the oracle; prints a table of medians and
 writes ``bench/results/control.json`` (the family under the key ``family``, per trace under
 ``family_traces``; each family trace again under ``--noise-replicates`` other noise seeds
-against the static setting that was FixBI on its own, under ``family_noise``) and
-``bench/results/control.png``. Pure Python; a few minutes on 2 cores.
+against the static setting that was FixBI on its own, under ``family_noise``, with FixBI
+searched again on those draws for the noise floor unless ``--no-hindsight``) and
+``bench/results/control.png``. Pure Python; about 25 minutes on 2 cores.
 ``python -m bench.control [--seeds N] [--family N]`` from the repo root with
 ``PYTHONPATH=plugins:.``.
 """
@@ -68,6 +69,8 @@ NOISE_REPLICATES = 3
 #: they have not seen.
 HOLDOUT_FROM = 64
 FAMILY_HOURS = 4.0
+#: The family's figures once a cold start is behind: over the files that landed after this.
+WARM_AFTER_S = 3600.0
 
 
 def traces(seed: int) -> dict[str, tuple[Workload, Trace]]:
@@ -217,7 +220,8 @@ def run_family(seed: int) -> dict[str, Any]:
 
     def row(run: Run) -> dict[str, float]:
         return {"mean_latency_s": run.mean_latency_s, "p95_latency_s": run.p95_latency_s,
-                "max_backlog_files": run.max_backlog_files, "groups": len(run.groups)}
+                "max_backlog_files": run.max_backlog_files, "groups": len(run.groups),
+                "mean_latency_after_1h_s": sim.mean_latency_since(run, WARM_AFTER_S)}
 
     out: dict[str, Any] = {
         "seed": seed, "trace": m.name, "shape": m.shape, "cost": m.cost, "load": round(m.load, 3),
@@ -230,6 +234,7 @@ def run_family(seed: int) -> dict[str, Any]:
     if fix is not None and cfg is not None:
         out["fixbi"] = {**row(fix), "config": {"epoch_files": cfg[0], "k": cfg[1], "partitions": cfg[2]}}
         out["vs_fixbi"] = sluice.mean_latency_s / fix.mean_latency_s
+        out["vs_fixbi_after_1h"] = out["sluice"]["mean_latency_after_1h_s"] / out["fixbi"]["mean_latency_after_1h_s"]
     return out
 
 
@@ -239,21 +244,31 @@ def noise_seed(seed: int, j: int) -> int:
     return seed + 1_000_003 * j
 
 
-def run_noise_replicate(args: tuple[int, int, tuple[int, int, int]]) -> dict[str, Any]:
+def run_noise_replicate(args: tuple[int, int, tuple[int, int, int], bool]) -> dict[str, Any]:
     """Family trace ``seed`` under noise replicate ``j``: sluice against the static setting that
     was FixBI on the trace's own noise (``config``), both under the same new draws. Where the
     family's figures compare with the best static setting for the very noise sluice met, this
     asks whether the controllers hold on noise no one looked at (the static setting is no longer
-    the best in hindsight for it, which favours sluice slightly)."""
-    seed, j, (x, k, p) = args
+    the best in hindsight for it, which favours sluice slightly).
+
+    With ``hindsight``, FixBI is also searched again on the new draws. The static setting's
+    latency over that one's is what knowing the trace, but not its noise, costs: the noise floor
+    of any method that has to plan before the draws."""
+    seed, j, (x, k, p), hindsight = args
     m = family_member(seed, FAMILY_HOURS * HOURS)
     sim = Simulator(m.workload, m.trace, seed=noise_seed(seed, j))
     sluice = sim.run(Sluice(group=GroupSizeConfig(k0=3), persist_every=25))
     static = sim.run(Fixed(x, k, p))
-    return {"seed": seed, "replicate": j, "trace": m.name, "cost": m.cost, "shape": m.shape,
-            "vs_fixbi_config": sluice.mean_latency_s / static.mean_latency_s,
-            "sluice_max_backlog_files": sluice.max_backlog_files, "static_max_backlog_files": static.max_backlog_files,
-            "runaway": static.max_backlog_files <= UNBOUNDED_FILES < sluice.max_backlog_files}
+    out = {"seed": seed, "replicate": j, "trace": m.name, "cost": m.cost, "shape": m.shape,
+           "vs_fixbi_config": sluice.mean_latency_s / static.mean_latency_s,
+           "sluice_max_backlog_files": sluice.max_backlog_files, "static_max_backlog_files": static.max_backlog_files,
+           "runaway": static.max_backlog_files <= UNBOUNDED_FILES < sluice.max_backlog_files}
+    if hindsight:
+        best, cfg = fixbi(m.workload, m.trace, noise_seed(seed, j))
+        out["static_vs_hindsight"] = static.mean_latency_s / best.mean_latency_s
+        out["vs_fixbi_hindsight"] = sluice.mean_latency_s / best.mean_latency_s
+        out["hindsight_config"] = {"epoch_files": cfg[0], "k": cfg[1], "partitions": cfg[2]}
+    return out
 
 
 def summarise_noise(rows: list[dict[str, Any]], replicates: int) -> dict[str, Any]:
@@ -261,7 +276,7 @@ def summarise_noise(rows: list[dict[str, Any]], replicates: int) -> dict[str, An
     exceed 1.25, runaways, by cost model, and the worst runs (seed and replicate to rerun them)."""
     ratios = [r["vs_fixbi_config"] for r in rows]
     worst = sorted(rows, key=lambda r: -r["vs_fixbi_config"])[:8]
-    return {
+    out = {
         "replicates": replicates, "runs": len(rows), "fixbi_config": _spread(ratios),
         "over_1_25": sum(v > 1.25 for v in ratios), "runaway": sum(r["runaway"] for r in rows),
         "by_cost": {c: _spread([r["vs_fixbi_config"] for r in rows if r["cost"] == c])
@@ -271,6 +286,24 @@ def summarise_noise(rows: list[dict[str, Any]], replicates: int) -> dict[str, An
                    "vs_fixbi_config": round(r["vs_fixbi_config"], 3),
                    "sluice_max_backlog_files": r["sluice_max_backlog_files"]} for r in worst],
     }
+    hind = [r for r in rows if "static_vs_hindsight" in r]
+    if hind:
+        # the noise floor: the static setting that was best on the trace's own noise, against the
+        # best static setting on these draws (both know the arrivals; only one knows the draws)
+        floor = [r["static_vs_hindsight"] for r in hind]
+        vs = [r["vs_fixbi_hindsight"] for r in hind]
+        out["static_vs_hindsight"] = {**_spread(floor), "over_1_25": sum(v > 1.25 for v in floor),
+                                      "by_cost": {c: _spread([r["static_vs_hindsight"] for r in hind if r["cost"] == c])
+                                                  for c in sorted({r["cost"] for r in hind})}}
+        # sluice against FixBI searched on the very draws it met: the family's own measure, on
+        # noise nobody tuned on
+        out["fixbi_hindsight"] = {**_spread(vs), "over_1_25": sum(v > 1.25 for v in vs)}
+        out["worst_static"] = [
+            {"trace": r["trace"], "noise_seed": noise_seed(r["seed"], r["replicate"]),
+             "static_vs_hindsight": round(r["static_vs_hindsight"], 3),
+             "vs_fixbi_hindsight": round(r["vs_fixbi_hindsight"], 3), "hindsight_config": r["hindsight_config"]}
+            for r in sorted(hind, key=lambda r: -r["static_vs_hindsight"])[:8]]
+    return out
 
 
 def _spread(values: list[float]) -> dict[str, float]:
@@ -286,6 +319,7 @@ def summarise_family(rows: list[dict[str, Any]]) -> dict[str, Any]:
     vs_fixbi = [r["vs_fixbi"] for r in bounded]
     vs_oracle = [r["vs_oracle"] for r in rows]
     backlog = [r["sluice"]["max_backlog_files"] / max(r["fixbi"]["max_backlog_files"], 1) for r in bounded]
+    warm = [r["vs_fixbi_after_1h"] for r in bounded if "vs_fixbi_after_1h" in r]
     return {
         "traces": len(rows), "fixbi": _spread(vs_fixbi), "oracle": _spread(vs_oracle),
         "runaway": sum(r["runaway"] for r in rows),
@@ -297,6 +331,9 @@ def summarise_family(rows: list[dict[str, Any]]) -> dict[str, Any]:
                     for c in sorted({r["cost"] for r in rows})},
         "by_shape": {sh: _spread([r["vs_fixbi"] for r in bounded if r["shape"] == sh])
                      for sh in sorted({r["shape"] for r in rows})},
+        # the files that landed after the first hour, against the same static setting (chosen on
+        # the whole trace): the cold start's share of the tail
+        "after_first_hour": {**_spread(warm), "over_1_25": sum(v > 1.25 for v in warm), "since_s": WARM_AFTER_S},
     }
 
 
@@ -409,7 +446,8 @@ def plot(summary: dict[str, Any], series: dict[str, Any], path: Path) -> None:
 
 def plot_family(ax: Any, by_cost: Any, fam: dict[str, Any], traces: list[dict[str, Any]]) -> None:
     """The family's distribution: sluice's mean latency over FixBI's and over the oracle's per
-    trace (sorted, so the curve reads as a distribution), and over FixBI's per cost model."""
+    trace (sorted, so the curve reads as a distribution), over FixBI's on the files that landed
+    after the first hour (the cold start behind), and over FixBI's per cost model."""
     from matplotlib.ticker import FixedLocator, NullFormatter, ScalarFormatter
 
     def ratio_axis(axis: Any) -> None:
@@ -418,7 +456,8 @@ def plot_family(ax: Any, by_cost: Any, fam: dict[str, Any], traces: list[dict[st
         axis.yaxis.set_major_formatter(ScalarFormatter())
         axis.yaxis.set_minor_formatter(NullFormatter())
 
-    for key, label in (("vs_fixbi", "sluice / FixBI"), ("vs_oracle", "sluice / oracle")):
+    for key, label in (("vs_fixbi", "sluice / FixBI"), ("vs_oracle", "sluice / oracle"),
+                       ("vs_fixbi_after_1h", "sluice / FixBI, files after the first hour")):
         values = np.sort([t[key] for t in traces if key in t])
         ax.step(np.arange(1, len(values) + 1) / len(values), values, where="post", label=label)
     for bound, style in ((1.05, ":"), (1.25, "--")):
@@ -449,6 +488,8 @@ def main() -> None:
     ap.add_argument("--family", type=int, default=FAMILY_TRACES, help="traces of the seeded family (0: none)")
     ap.add_argument("--noise-replicates", type=int, default=NOISE_REPLICATES,
                     help="other noise seeds per family trace, against FixBI's setting (0: none)")
+    ap.add_argument("--no-hindsight", dest="hindsight", action="store_false",
+                    help="skip FixBI's search on each noise replicate (the noise floor; ~12 min on 2 cores)")
     ap.add_argument("--out", type=Path, default=RESULTS, help="where control.json and control.png go")
     args = ap.parse_args()
     started = time.time()
@@ -468,7 +509,7 @@ def main() -> None:
         summary["family_traces"] = sorted(family, key=lambda r: r["seed"])
         summary["goals"].update(family_goals(summary["family"]))
         configs = [(r["seed"], r["fixbi"]["config"]) for r in family if r["fixbi"] is not None]
-        jobs_noise = [(seed, j, (c["epoch_files"], c["k"], c["partitions"]))
+        jobs_noise = [(seed, j, (c["epoch_files"], c["k"], c["partitions"]), args.hindsight)
                       for seed, c in configs for j in range(1, args.noise_replicates + 1)]
         if jobs_noise:
             with ProcessPoolExecutor(args.workers) as pool:
@@ -508,6 +549,14 @@ def main() -> None:
                   f"runaways {nz['runaway']}")
             print("    worst: " + ", ".join(f"{w['trace']} noise {w['noise_seed']} {w['vs_fixbi_config']:.2f}"
                                           for w in nz["worst"][:5]))
+            if "static_vs_hindsight" in nz:
+                fl, fh = nz["static_vs_hindsight"], nz["fixbi_hindsight"]
+                print(f"  noise floor: FixBI's setting / FixBI searched on the same draws: median {fl['median']}, "
+                      f"p90 {fl['p90']}, max {fl['max']}, over 1.25: {fl['over_1_25']}; sluice / the latter: median "
+                      f"{fh['median']}, p90 {fh['p90']}, max {fh['max']}, over 1.25: {fh['over_1_25']}")
+        wa = fam["after_first_hour"]
+        print(f"  after the first hour: sluice / FixBI median {wa['median']}, p90 {wa['p90']}, max {wa['max']}, "
+              f"over 1.25: {wa['over_1_25']}")
     for goal, res in summary["goals"].items():
         print(f"{'MET ' if res['met'] else 'MISS'} {goal}: {res['measured']}")
     print(f"wrote {args.out / 'control.json'} and control.png in {summary['elapsed_s']} s")

@@ -401,6 +401,17 @@ class Simulator:
                     float(self.trace.rate(np.array([t]))[0]) if truth else 0.0, self.trace.capacity(t),
                     float(self.R[arrived] - self.R[next_file]) if backlog > 0 else 0.0, self.sla)
 
+    def mean_latency_since(self, run: Run, since_s: float) -> float:
+        """``run``'s record-weighted mean latency over the files that landed at or after
+        ``since_s`` (``run.mean_latency_s`` for 0): what a method does once its cold start is
+        behind it."""
+        publish = np.repeat([g["publish"] for g in run.groups], [g["end"] - g["start"] for g in run.groups])
+        after = self.arrival[: len(publish)] >= since_s
+        weights = self.records[: len(publish)][after].astype(float)
+        if not weights.sum():
+            return math.nan
+        return float(((publish[after] - self.arrival[: len(publish)][after]) * weights).sum() / weights.sum())
+
     def fire_time(self, d: Decision, t: float, next_file: int) -> float:
         """When the sensor starts the group ``d`` plans: once the backlog holds it, or when
         waiting longer would break the freshness SLA (never before ``t`` or the first file)."""

@@ -39,6 +39,27 @@ def test_latency_of_a_fixed_group_is_exact():
     assert run.busy_s == pytest.approx(wall * len(run.groups))
 
 
+def test_mean_latency_since_counts_only_the_files_that_landed_after():
+    # a rate that steps from 500 to 1,200 records/s at 300 s, groups of 2 x 15 files: every file
+    # of group g (files 30g .. 30g + 29, landing at 30g + 1 .. 30g + 30 s) publishes at
+    # 30(g + 1) + its wall, which grows with the group's records (oracle from the trace itself)
+    sim = Simulator(QUIET, step((500.0, 1200.0), (300.0, 300.0)), seed=0)
+    run = sim.run(Fixed(15, 2, 2))
+    lat, weight = {0: 0.0, 300: 0.0}, {0: 0.0, 300: 0.0}
+    for i in range(600):
+        landed, rate = i + 1.0, 500.0 if i < 300 else 1200.0
+        wall = 10.0 + 2 * float(QUIET.epoch_s(15 * rate, 2))
+        assert wall < 30  # each group ends before the next one's files have landed
+        for since in lat:
+            if landed >= since:
+                lat[since] += (30 * (i // 30 + 1) + wall - landed) * rate
+                weight[since] += rate
+    assert sim.mean_latency_since(run, 0.0) == pytest.approx(run.mean_latency_s, rel=1e-9)
+    assert sim.mean_latency_since(run, 0.0) == pytest.approx(lat[0] / weight[0], rel=1e-9)
+    assert sim.mean_latency_since(run, 300.0) == pytest.approx(lat[300] / weight[300], rel=1e-9)
+    assert sim.mean_latency_since(run, 300.0) > sim.mean_latency_since(run, 0.0)
+
+
 def test_fixbi_grid_search_finds_the_known_optimum():
     """On a noise-free constant rate, the best static configuration is the stable (x, k, P) with
     the lowest ``wall + (span - 1) / 2``; the simulated grid search must find exactly that one."""
