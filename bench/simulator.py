@@ -401,16 +401,21 @@ class Simulator:
                     float(self.trace.rate(np.array([t]))[0]) if truth else 0.0, self.trace.capacity(t),
                     float(self.R[arrived] - self.R[next_file]) if backlog > 0 else 0.0, self.sla)
 
+    def file_latencies(self, run: Run) -> np.ndarray:
+        """Each processed file's latency: its group's publish time less its landing time."""
+        publish = np.repeat([g["publish"] for g in run.groups], [g["end"] - g["start"] for g in run.groups])
+        return publish - self.arrival[: len(publish)]
+
     def mean_latency_since(self, run: Run, since_s: float) -> float:
         """``run``'s record-weighted mean latency over the files that landed at or after
         ``since_s`` (``run.mean_latency_s`` for 0): what a method does once its cold start is
         behind it."""
-        publish = np.repeat([g["publish"] for g in run.groups], [g["end"] - g["start"] for g in run.groups])
-        after = self.arrival[: len(publish)] >= since_s
-        weights = self.records[: len(publish)][after].astype(float)
+        lat = self.file_latencies(run)
+        after = self.arrival[: len(lat)] >= since_s
+        weights = self.records[: len(lat)][after].astype(float)
         if not weights.sum():
             return math.nan
-        return float(((publish[after] - self.arrival[: len(publish)][after]) * weights).sum() / weights.sum())
+        return float((lat[after] * weights).sum() / weights.sum())
 
     def fire_time(self, d: Decision, t: float, next_file: int) -> float:
         """When the sensor starts the group ``d`` plans: once the backlog holds it, or when
@@ -483,8 +488,7 @@ class Simulator:
         out.records = int(total)
         out.mean_latency_s = lat_sum / total
         out.busy_s = busy
-        pub = np.repeat([g["publish"] for g in out.groups], [g["end"] - g["start"] for g in out.groups])
-        lat = pub - self.arrival
+        lat = self.file_latencies(out)
         order = np.argsort(lat)
         cw = np.cumsum(self.records[order])
         out.p95_latency_s = float(lat[order][np.searchsorted(cw, 0.95 * cw[-1])])
